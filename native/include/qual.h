@@ -1,0 +1,154 @@
+/* qual.h — the whole public C API of libqual, the native I/O engine of qual.
+ *
+ * Conventions (DESIGN §3):
+ *   - every function returns 0 or a negative errno; outputs go through pointers;
+ *   - context for the last failure on the calling thread is in qual_last_error();
+ *     a job's failure (which may happen on a worker thread) is in its qual_result;
+ *   - the engine never allocates memory that it hands to the caller.
+ *
+ * The cffi cdef is this file with the preprocessor lines removed (qual/_build.py), so keep
+ * it to plain C declarations: no macros, no inline functions, no attributes.
+ */
+#ifndef QUAL_H
+#define QUAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- errors */
+
+/* Context for the last failure of a qual_* call on the calling thread ("" if none). */
+const char *qual_last_error(void);
+
+/* ---------------------------------------------------------------- latency histogram (hist.c) */
+
+/* Log-linear buckets: values below 128 ns are exact; above, each power of two is split in
+ * 64 buckets, so a bucket's midpoint is within 1/128 (0.78 %) of every value in it, as in
+ * fio's stat.h (FIO_IO_U_PLAT_BITS = 6). The last bucket starts at 2^40 ns (~18 min) and
+ * collects everything longer; max is tracked exactly. */
+enum {
+    QUAL_HIST_SUB_BITS = 6,
+    QUAL_HIST_BUCKETS = 2304
+};
+
+struct qual_hist {
+    uint64_t count;
+    uint64_t sum_ns;
+    uint64_t min_ns;
+    uint64_t max_ns;
+    uint64_t buckets[2304];
+};
+
+int qual_hist_init(struct qual_hist *h);
+int qual_hist_record(struct qual_hist *h, uint64_t ns);
+int qual_hist_merge(struct qual_hist *dst, const struct qual_hist *src);
+/* Nearest-rank percentile (0 < pct <= 100) read from the buckets, clamped to [min, max]. */
+int qual_hist_percentile(const struct qual_hist *h, double pct, uint64_t *ns);
+/* The value that bucket i stands for (its midpoint), and the bucket a value falls in. */
+int qual_hist_bucket_value(uint32_t i, uint64_t *ns);
+int qual_hist_bucket_of(uint64_t ns, uint32_t *i);
+
+/* ---------------------------------------------------------------- data patterns (pattern.c) */
+
+/* Incompressible bytes from a seeded PRNG (xoshiro256**). */
+int qual_fill_random(void *buf, uint64_t len, uint64_t seed);
+
+/* The verification pattern: every 512-byte unit at absolute target offset O holds O and the
+ * seed as little-endian uint64 values, then 496 PRNG bytes derived from (seed, O). The
+ * pattern of a range does not depend on the block size it was written with. buf, len and
+ * offset must be multiples of 512. */
+int qual_pattern_fill(void *buf, uint64_t len, uint64_t seed, uint64_t offset);
+/* 0 when buf holds the pattern; -EBADMSG otherwise, with the target offset of the first bad
+ * 512-byte unit in *bad_offset. */
+int qual_pattern_check(const void *buf, uint64_t len, uint64_t seed, uint64_t offset,
+                       uint64_t *bad_offset);
+
+/* ---------------------------------------------------------------- fault injection (fault.c) */
+
+/* A fault rule, applied when an I/O completes (DESIGN §3). An I/O matches when its op is
+ * `op` (or op is -1) and its byte range intersects [offset_lo, offset_hi). Every `every`-th
+ * matching I/O (1 = each) is hit, at most `limit` times (0 = no limit). A hit completes the
+ * I/O with -error (when error != 0), or with short_bytes transferred (when short_bytes != 0),
+ * and is delayed by delay_ns before the engine sees it. */
+struct qual_fault {
+    int op;
+    int error;
+    uint64_t offset_lo;
+    uint64_t offset_hi;
+    uint32_t every;
+    uint32_t limit;
+    uint32_t short_bytes;
+    uint64_t delay_ns;
+    uint64_t seen;      /* engine-owned: matching I/Os so far */
+    uint64_t hits;      /* engine-owned: I/Os this rule changed */
+};
+
+/* ---------------------------------------------------------------- I/O jobs (job.c, ring.c, psync.c) */
+
+enum qual_op { QUAL_OP_READ = 0, QUAL_OP_WRITE = 1 };
+enum qual_pattern { QUAL_SEQUENTIAL = 0, QUAL_RANDOM = 1 };
+enum qual_backend { QUAL_BACKEND_AUTO = 0, QUAL_BACKEND_IO_URING = 1, QUAL_BACKEND_PSYNC = 2 };
+
+/* What to run. Random offsets are block-aligned and uniform over the region; sequential
+ * workers split the region into contiguous slices and wrap around inside their slice. The job
+ * stops at the first bound reached (bytes or runtime; at least one must be set), on cancel,
+ * or on the first error. */
+struct qual_job {
+    const char *path;         /* a regular file or a block device */
+    int op;                   /* enum qual_op */
+    int pattern;              /* enum qual_pattern */
+    int backend;              /* enum qual_backend: the one asked for */
+    int direct;               /* 1: O_DIRECT (the page cache is bypassed) */
+    int verify;               /* 1: writes lay down the verification pattern, reads check it */
+    int exclusive;            /* 1: open a block device with O_EXCL (fails while it is in use) */
+    uint32_t block_size;      /* bytes per I/O, a multiple of align */
+    uint32_t queue_depth;     /* I/Os in flight per worker */
+    uint32_t workers;         /* threads, one ring (or one pool of queue_depth threads) each */
+    uint32_t align;           /* offset and length alignment: the target's logical block size */
+    uint64_t offset;          /* region start, a multiple of align */
+    uint64_t size;            /* region size */
+    uint64_t bytes;           /* bound: total bytes over all workers (0: none) */
+    uint64_t runtime_ns;      /* bound: wall time (0: none) */
+    uint64_t seed;            /* random offsets, write data and the verification pattern */
+    struct qual_fault *faults;
+    uint32_t nfaults;
+};
+
+/* Shared with a running job: the caller may set cancel at any time (the job returns
+ * -ECANCELED within about 0.1 s); bytes_done and ops_done grow as I/Os complete. */
+struct qual_ctl {
+    int cancel;
+    uint64_t bytes_done;
+    uint64_t ops_done;
+};
+
+/* What happened. elapsed_ns runs from the moment every worker is ready until the last one
+ * finished, including fdatasync for writes (durability is part of a write's time). cpu_*
+ * are the whole process's CPU seconds over the same span. */
+struct qual_result {
+    int backend;              /* the backend used */
+    int error;                /* 0, or the negative errno of the first failure */
+    int error_op;             /* enum qual_op of the failed I/O, -1 if none */
+    uint64_t error_offset;    /* target offset of the failed I/O */
+    char error_msg[256];
+    uint64_t bytes;
+    uint64_t ops;
+    uint64_t elapsed_ns;
+    double cpu_user_s;
+    double cpu_sys_s;
+    struct qual_hist lat;     /* completion latency of every I/O, all workers merged */
+};
+
+int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_result *res);
+
+/* 0 when io_uring can be used here, else why not (-ENOSYS: kernel without it, -EPERM:
+ * disabled by the kernel.io_uring_disabled sysctl or a seccomp policy). */
+int qual_io_uring_probe(void);
+
+/* ---------------------------------------------------------------- targets (target.c) */
+
+/* O_DIRECT alignment for path: memory and offset/length, from statx(STATX_DIOALIGN) when the
+ * kernel and filesystem report it; -EOPNOTSUPP when they do not. */
+int qual_dio_align(const char *path, uint32_t *mem_align, uint32_t *offset_align);
+
+#endif

@@ -1,0 +1,107 @@
+/* engine.h — internal plumbing shared by the engine's source files (not part of the API). */
+#ifndef QUAL_ENGINE_H
+#define QUAL_ENGINE_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "qual.h"
+
+/* ---- errors (error.c) */
+int qual_set_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- clock */
+static inline uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- PRNG (pattern.c): xoshiro256** seeded through splitmix64 */
+struct rng {
+    uint64_t s[4];
+};
+void rng_seed(struct rng *r, uint64_t seed);
+uint64_t rng_next(struct rng *r);
+uint64_t rng_below(struct rng *r, uint64_t n); /* uniform in [0, n), n > 0 */
+uint64_t mix64(uint64_t x);                    /* splitmix64 finaliser */
+
+/* Make a buffer of random bytes unique for this write: the offset and a sequence number go
+ * into the first 16 bytes of every 4 KiB (or 512 B when smaller), so a drive that dedupes or
+ * compresses cannot shortcut repeated writes of the same buffer. */
+void stamp_write(void *buf, uint32_t len, uint64_t offset, uint64_t seq);
+
+/* ---- fault injection (fault.c) */
+/* Returns the (possibly changed) result of an I/O and adds any injected delay to *delay_ns. */
+int64_t fault_apply(const struct qual_job *job, int op, uint64_t off, uint32_t len, int64_t res,
+                    uint64_t *delay_ns);
+
+/* ---- a running job (job.c) */
+struct jobrun {
+    const struct qual_job *job;
+    struct qual_ctl *ctl;
+    int backend;
+    uint64_t deadline_ns;     /* 0: no time bound */
+    int stop;                 /* atomic: set on error, cancel or bound */
+    int setup_failed;
+    pthread_mutex_t gate;     /* start gate: streams report ready, then wait for open */
+    pthread_cond_t gate_cv;
+    uint64_t ready;
+    int open;
+    pthread_mutex_t lock;     /* guards the first error */
+    int error;
+    int error_op;
+    uint64_t error_offset;
+    char error_msg[256];
+};
+
+/* One worker: an open descriptor and a share of the job (a sequential slice, or a random
+ * stream over the whole region), served by one ring or by queue_depth psync threads. */
+struct worker {
+    struct jobrun *run;
+    unsigned index;
+    int fd;
+    uint64_t lo;              /* first byte of the worker's range */
+    uint64_t nblocks;         /* blocks in the worker's range */
+    uint64_t quota;           /* blocks this worker may issue (0: no byte bound) */
+    uint64_t claimed;         /* atomic: blocks issued so far */
+    uint64_t write_seq;       /* atomic: write sequence for stamp_write */
+};
+
+/* One stream of I/Os with its own accounting: a ring thread, or one psync thread. */
+struct stream {
+    struct jobrun *run;
+    struct worker *w;
+    unsigned lane;
+    struct rng rng;
+    uint64_t bytes;
+    uint64_t ops;
+    struct qual_hist hist;
+};
+
+/* Claim the next I/O of the stream: 1 and its offset, or 0 when the stream must stop. */
+int job_claim(struct stream *s, uint64_t *off);
+/* Account a completed I/O (res = bytes transferred or -errno). 0, or -errno after recording
+ * the job's failure. buf holds the data for a read (checked in verify mode). */
+int job_complete(struct stream *s, int op, uint64_t off, int64_t res, uint64_t lat_ns,
+                 const void *buf);
+/* Record the job's first failure and make every stream stop; returns err. */
+int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int job_stopping(struct jobrun *run);
+/* Prepare the buffer of a write at off (pattern in verify mode, else a unique stamp). */
+void job_prepare_write(struct stream *s, void *buf, uint64_t off);
+
+/* ---- backends: set up (before the start barrier), then run until job_claim says stop */
+struct ring_state;
+int ring_setup(struct stream *s, struct ring_state **out);
+int ring_run(struct stream *s, struct ring_state *rs);
+void ring_teardown(struct ring_state *rs);
+
+int psync_setup(struct stream *s, void **buf);
+int psync_run(struct stream *s, void *buf);
+
+#endif

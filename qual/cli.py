@@ -1,0 +1,170 @@
+"""The `qual` command: `io` runs one job with fio-like flags, `run` runs the suites (a thin
+wrapper over pytest), `profiles` lists the shipped profiles, `clean` removes qual's scratch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from qual import engine, shipped, units
+from qual.engine import QualError
+from qual.record import RECORD_NAME
+from qual.target import Target
+
+RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
+      "write": ("write", "sequential"), "randwrite": ("write", "random")}
+
+
+def _size(text: str) -> int:
+    try:
+        return units.parse_size(text)
+    except units.UnitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        return units.parse_duration(text)
+    except units.UnitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        return units.parse_count(text, name="value")
+    except units.UnitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qual", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    io = sub.add_parser("io", help="run one I/O job (fio-like flags)",
+                        description="Run one I/O job on a target and print what it measured.")
+    io.add_argument("--target", default=None,
+                    help="file, directory or block device (default: .qual/target.dat)")
+    io.add_argument("--rw", choices=list(RW), default="randread")
+    io.add_argument("--bs", type=_size, default=4096, help="block size (4k, 128K, 1M)")
+    io.add_argument("--iodepth", type=_positive, default=1, help="I/Os in flight per job")
+    io.add_argument("--numjobs", type=_positive, default=1, help="workers (threads)")
+    io.add_argument("--size", type=_size, default=1 << 30,
+                    help="region size; without --runtime also the bytes to move (default 1G)")
+    io.add_argument("--offset", type=_size, default=None, help="region start (default 0)")
+    io.add_argument("--runtime", type=_duration, default=None, help="time bound (10s, 500ms)")
+    io.add_argument("--direct", type=int, choices=(0, 1), default=1,
+                    help="1: O_DIRECT (default); 0: through the page cache")
+    io.add_argument("--engine", choices=engine.BACKENDS, default="auto",
+                    help="I/O backend: io_uring, psync, or auto (io_uring where available)")
+    io.add_argument("--seed", type=int, default=1)
+    io.add_argument("--json", action="store_true", help="print a JSON document")
+    io.add_argument("--allow-destructive", action="store_true",
+                    help="allow writes to a block device (the safety guard still applies)")
+    io.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
+
+    run = sub.add_parser("run", help="run the qualification suites (a wrapper over pytest)",
+                         description="Run the suites; unknown arguments go to pytest.")
+    run.add_argument("--target", default=None, help="file, directory or block device")
+    run.add_argument("--profile", default="ci", help="profile name or .toml path (default ci)")
+    run.add_argument("--results", default="qual-results",
+                     help="folder for qual-run.json and allure-results/ (default qual-results)")
+
+    sub.add_parser("profiles", help="list the shipped profiles")
+
+    clean = sub.add_parser("clean", help="remove the scratch file qual created on a target")
+    clean.add_argument("target", nargs="?", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "io":
+            return cmd_io(args)
+        if args.command == "run":
+            return cmd_run(args, extra)
+        if args.command == "profiles":
+            return cmd_profiles()
+        if args.command == "clean":
+            Target(args.target).cleanup()
+            return 0
+    except QualError as e:
+        print(f"qual {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"qual {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+def cmd_io(args) -> int:
+    op, pattern = RW[args.rw]
+    target = Target(args.target, allow_destructive=args.allow_destructive,
+                    confirm_serial=args.confirm_serial)
+    job = target.job(op=op, pattern=pattern, block_size=args.bs, queue_depth=args.iodepth,
+                     workers=args.numjobs, offset=args.offset or 0, size=args.size,
+                     bytes=0 if args.runtime else args.size, runtime=args.runtime or 0.0,
+                     seed=args.seed, backend=args.engine, direct=bool(args.direct))
+    target.prepare(job)
+    show = sys.stderr.isatty() and not args.json
+
+    def progress(done: int, ops: int, seconds: float) -> None:
+        rate = units.format_quantity(done / seconds, dimension="bandwidth") if seconds else "-"
+        print(f"\r{args.rw}: {units.format_size(done)} in {seconds:.0f} s ({rate})   ",
+              end="", file=sys.stderr, flush=True)
+
+    result = engine.run_job(job, progress=progress if show else None)
+    if show:
+        print(file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(human_line(result))
+    return 0
+
+
+def human_line(result: engine.IoResult) -> str:
+    job, lat = result.job, result.latency.summary()
+    us = {k: units.format_quantity(v / 1e9, "us") for k, v in lat.items()}
+    return (f"{job.rw} bs={units.format_size(job.block_size)} iodepth={job.queue_depth} "
+            f"numjobs={job.workers} [{result.backend}{'' if job.direct else ', page cache'}]: "
+            f"{units.format_quantity(result.bandwidth, dimension='bandwidth')}, "
+            f"{units.format_quantity(result.iops, dimension='rate')}, "
+            f"lat p50 {us['p50']} p99 {us['p99']} p99.99 {us['p99.99']} max {us['max']}, "
+            f"cpu {result.cpu:.2f} s ({units.format_quantity(result.cpu_per_io, 'us')}/IO), "
+            f"{units.format_size(result.bytes)} in {result.elapsed:.2f} s")
+
+
+def cmd_run(args, extra: list[str]) -> int:
+    import pytest
+
+    results = Path(args.results)
+    alluredir = results / "allure-results"
+    # Allure results accumulate across runs: start clean, here and not under xdist workers
+    shutil.rmtree(alluredir, ignore_errors=True)
+    (results / RECORD_NAME).unlink(missing_ok=True)
+    argv = [str(shipped("suites")), f"--qual-profile={args.profile}",
+            f"--qual-results={results}", f"--alluredir={alluredir}", "-p", "no:cacheprovider", "-p", "no:benchmark"]
+    if args.target:
+        argv.append(f"--qual-target={args.target}")
+    return int(pytest.main(argv + extra))
+
+
+def cmd_profiles() -> int:
+    from qual import thresholds
+
+    rows = thresholds.list_profiles()
+    width = max(len(name) for name, _, _ in rows)
+    for name, description, _ in rows:
+        print(f"{name:<{width}}  {description}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

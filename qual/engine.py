@@ -1,0 +1,482 @@
+"""The Pythonic face of the native engine: I/O jobs, their results, and the QualError family.
+
+This is the only module that touches the cffi `ffi`/`lib`. Every engine call goes through
+`check()`, which turns a negative errno into a `QualError` subclass carrying errno, operation,
+offset and target. An engine error is never an AssertionError: in a qualification report it is
+*broken* (the run could not measure), distinct from a threshold *failed*.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qual._native import ffi, lib
+
+OPS = ("read", "write")
+PATTERNS = ("sequential", "random")
+BACKENDS = ("auto", "io_uring", "psync")
+PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99)
+MAX_QUEUE_DEPTH = 4096
+MAX_WORKERS = 1024
+MAX_BLOCK_SIZE = 64 << 20
+PATTERN_UNIT = 512
+
+_OP_CODE = {"read": lib.QUAL_OP_READ, "write": lib.QUAL_OP_WRITE}
+_PATTERN_CODE = {"sequential": lib.QUAL_SEQUENTIAL, "random": lib.QUAL_RANDOM}
+_BACKEND_CODE = {
+    "auto": lib.QUAL_BACKEND_AUTO,
+    "io_uring": lib.QUAL_BACKEND_IO_URING,
+    "psync": lib.QUAL_BACKEND_PSYNC,
+}
+_BACKEND_NAME = {code: name for name, code in _BACKEND_CODE.items()}
+
+
+# ------------------------------------------------------------------ errors
+
+
+class QualError(Exception):
+    """An engine or target failure: errno, what was being done, where, and on what."""
+
+    def __init__(self, errno: int, message: str, *, op: str | None = None,
+                 offset: int | None = None, target: str | None = None):
+        self.errno = errno
+        self.message = message
+        self.op = op
+        self.offset = offset
+        self.target = target
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = []
+        if self.target:
+            where.append(str(self.target))
+        if self.op:
+            where.append(self.op if self.offset is None else f"{self.op} at offset {self.offset}")
+        name = errno_mod.errorcode.get(self.errno, str(self.errno))
+        prefix = ": ".join(where)
+        return f"{prefix}: {self.message} [{name}]" if prefix else f"{self.message} [{name}]"
+
+    def __reduce__(self):  # keeps the fields when pytest-xdist or multiprocessing pickles it
+        return (_rebuild_error, (type(self), self.errno, self.message, self.op, self.offset,
+                                 self.target))
+
+
+def _rebuild_error(cls, errno, message, op, offset, target):
+    return cls(errno, message, op=op, offset=offset, target=target)
+
+
+class InvalidJob(QualError):
+    """Job parameters the engine cannot run (raised before any I/O)."""
+
+
+class TargetUnavailable(QualError):
+    """The target cannot be opened or used: missing, no permission, busy, read-only."""
+
+
+class DeviceIoError(QualError):
+    """The device failed an I/O, or returned less than asked."""
+
+
+class DataMismatch(DeviceIoError):
+    """Data read back is not what was written there."""
+
+
+class NoSpace(QualError):
+    """The target ran out of space."""
+
+
+class BackendUnavailable(QualError):
+    """The requested I/O backend cannot be used on this machine."""
+
+
+class Cancelled(QualError):
+    """The job was cancelled before it finished."""
+
+
+_ERROR_CLASS = {
+    errno_mod.EINVAL: InvalidJob,
+    errno_mod.ENOENT: TargetUnavailable,
+    errno_mod.ENODEV: TargetUnavailable,
+    errno_mod.ENXIO: TargetUnavailable,
+    errno_mod.EACCES: TargetUnavailable,
+    errno_mod.EPERM: TargetUnavailable,
+    errno_mod.EBUSY: TargetUnavailable,
+    errno_mod.EROFS: TargetUnavailable,
+    errno_mod.ENOTSUP: TargetUnavailable,
+    errno_mod.EIO: DeviceIoError,
+    errno_mod.ENODATA: DeviceIoError,
+    errno_mod.EBADMSG: DataMismatch,
+    errno_mod.ENOSPC: NoSpace,
+    errno_mod.EDQUOT: NoSpace,
+    errno_mod.ENOSYS: BackendUnavailable,
+    errno_mod.ECANCELED: Cancelled,
+}
+
+
+def error_for(err: int) -> type[QualError]:
+    return _ERROR_CLASS.get(err, QualError)
+
+
+def check(rc: int, *, op: str | None = None, target: str | None = None,
+          offset: int | None = None) -> None:
+    """Raise the QualError for a negative engine return code, with the engine's context."""
+    if rc < 0:
+        message = ffi.string(lib.qual_last_error()).decode(errors="replace") or os.strerror(-rc)
+        raise error_for(-rc)(-rc, message, op=op, offset=offset, target=target)
+
+
+# ------------------------------------------------------------------ latency histogram
+
+
+class LatencyHistogram:
+    """Completion latencies (ns) in the engine's log-linear histogram (<= 0.78 % error)."""
+
+    BUCKETS = lib.QUAL_HIST_BUCKETS
+
+    def __init__(self, cdata=None):
+        self._h = ffi.new("struct qual_hist *")
+        if cdata is None:
+            check(lib.qual_hist_init(self._h))
+        else:
+            ffi.memmove(self._h, ffi.addressof(cdata), ffi.sizeof("struct qual_hist"))
+
+    @classmethod
+    def from_samples(cls, samples_ns) -> LatencyHistogram:
+        hist = cls()
+        for ns in samples_ns:
+            check(lib.qual_hist_record(hist._h, int(ns)))
+        return hist
+
+    @classmethod
+    def from_bins(cls, bins: dict, *, min_ns: int, max_ns: int, sum_ns: int) -> LatencyHistogram:
+        """Rebuild from `to_bins()` output (as stored in a run record)."""
+        hist = cls()
+        for value, count in bins.items():
+            index = bucket_index(int(value))
+            hist._h.buckets[index] += int(count)
+            hist._h.count += int(count)
+        hist._h.min_ns, hist._h.max_ns, hist._h.sum_ns = min_ns, max_ns, sum_ns
+        return hist
+
+    @property
+    def count(self) -> int:
+        return int(self._h.count)
+
+    @property
+    def min_ns(self) -> int:
+        return int(self._h.min_ns) if self.count else 0
+
+    @property
+    def max_ns(self) -> int:
+        return int(self._h.max_ns)
+
+    @property
+    def mean_ns(self) -> float:
+        return self._h.sum_ns / self.count if self.count else 0.0
+
+    def percentile(self, pct: float) -> int:
+        out = ffi.new("uint64_t *")
+        check(lib.qual_hist_percentile(self._h, float(pct), out))
+        return int(out[0])
+
+    def merge(self, other: LatencyHistogram) -> None:
+        check(lib.qual_hist_merge(self._h, other._h))
+
+    def counts(self) -> np.ndarray:
+        return np.frombuffer(ffi.buffer(self._h.buckets), dtype=np.uint64).copy()
+
+    def to_bins(self) -> dict[int, int]:
+        """Non-empty buckets as {representative ns: count}, like fio's json+ `bins`."""
+        counts = self.counts()
+        return {bucket_value(int(i)): int(counts[i]) for i in np.flatnonzero(counts)}
+
+    def summary(self) -> dict[str, float]:
+        """p50 … p99.99, max and mean in ns (empty histogram: all zero)."""
+        out = {f"p{pct:g}": (self.percentile(pct) if self.count else 0) for pct in PERCENTILES}
+        out["max"] = self.max_ns
+        out["mean"] = self.mean_ns
+        return out
+
+
+def bucket_value(index: int) -> int:
+    out = ffi.new("uint64_t *")
+    check(lib.qual_hist_bucket_value(index, out))
+    return int(out[0])
+
+
+def bucket_index(value_ns: int) -> int:
+    out = ffi.new("uint32_t *")
+    check(lib.qual_hist_bucket_of(value_ns, out))
+    return int(out[0])
+
+
+# ------------------------------------------------------------------ jobs
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault-injection rule (see struct qual_fault in native/include/qual.h)."""
+
+    op: str | None = None  # "read", "write" or None for both
+    error: int = 0  # errno to complete with
+    offset_lo: int = 0
+    offset_hi: int = 2**64 - 1
+    every: int = 1
+    limit: int = 0
+    short_bytes: int = 0
+    delay: float = 0.0  # seconds
+
+    def __post_init__(self):
+        if self.op not in (None, *OPS):
+            raise InvalidJob(errno_mod.EINVAL, f"fault op {self.op!r} is not read, write or None")
+        if not (self.error or self.short_bytes or self.delay):
+            raise InvalidJob(errno_mod.EINVAL, "a fault needs an error, a short length or a delay")
+        if self.offset_hi <= self.offset_lo or self.every < 1 or self.limit < 0:
+            raise InvalidJob(errno_mod.EINVAL, "fault range, every or limit is invalid")
+
+
+@dataclass(frozen=True)
+class IoJob:
+    """One I/O job: what the engine runs (see struct qual_job)."""
+
+    target: str
+    op: str
+    pattern: str
+    block_size: int
+    size: int
+    queue_depth: int = 1
+    workers: int = 1
+    offset: int = 0
+    bytes: int = 0  # bound: total bytes (0: none)
+    runtime: float = 0.0  # bound: seconds (0: none)
+    seed: int = 0
+    backend: str = "auto"
+    direct: bool = True
+    verify: bool = False
+    exclusive: bool = False
+    align: int = 512
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        problem = self._problem()
+        if problem:
+            raise InvalidJob(errno_mod.EINVAL, problem, target=self.target)
+
+    def _problem(self) -> str | None:
+        if self.op not in OPS:
+            return f"op {self.op!r} is not one of {', '.join(OPS)}"
+        if self.pattern not in PATTERNS:
+            return f"pattern {self.pattern!r} is not one of {', '.join(PATTERNS)}"
+        if self.backend not in BACKENDS:
+            return f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}"
+        if self.align < 1 or self.align & (self.align - 1):
+            return f"alignment {self.align} is not a power of two"
+        if not 0 < self.block_size <= MAX_BLOCK_SIZE:
+            return f"block size {self.block_size} is outside 1..{MAX_BLOCK_SIZE}"
+        if self.block_size % self.align:
+            return (f"block size {self.block_size} is not a multiple of the target's "
+                    f"{self.align}-byte logical block")
+        if self.offset < 0 or self.offset % self.align:
+            return f"region offset {self.offset} is not a multiple of {self.align}"
+        if self.verify and self.block_size % PATTERN_UNIT:
+            return f"verify needs a block size that is a multiple of {PATTERN_UNIT}"
+        if not 1 <= self.queue_depth <= MAX_QUEUE_DEPTH:
+            return f"queue depth {self.queue_depth} is outside 1..{MAX_QUEUE_DEPTH}"
+        if not 1 <= self.workers <= MAX_WORKERS:
+            return f"workers {self.workers} is outside 1..{MAX_WORKERS}"
+        if self.size < self.block_size:
+            return f"region of {self.size} bytes holds no {self.block_size}-byte block"
+        if self.pattern == "sequential" and self.size // self.block_size < self.workers:
+            return f"region of {self.size // self.block_size} blocks cannot be split over {self.workers} workers"
+        if self.bytes < 0 or self.runtime < 0:
+            return "bounds cannot be negative"
+        if not self.bytes and not self.runtime:
+            return "job has no bound: give bytes, runtime or both"
+        return None
+
+    @property
+    def rw(self) -> str:
+        """fio's name for the op and pattern (read, randread, write, randwrite)."""
+        return ("rand" if self.pattern == "random" else "") + self.op
+
+
+@dataclass(frozen=True)
+class IoResult:
+    """What a job did; bandwidth and IOPS are over its elapsed time (writes include sync)."""
+
+    job: IoJob
+    backend: str
+    bytes: int
+    ops: int
+    elapsed: float
+    cpu_user: float
+    cpu_sys: float
+    latency: LatencyHistogram
+
+    @property
+    def bandwidth(self) -> float:
+        return self.bytes / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def iops(self) -> float:
+        return self.ops / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def cpu(self) -> float:
+        return self.cpu_user + self.cpu_sys
+
+    @property
+    def cpu_per_io(self) -> float:
+        return self.cpu / self.ops if self.ops else 0.0
+
+    def to_dict(self) -> dict:
+        """The `qual io --json` document (fio-like key names)."""
+        return {
+            "target": self.job.target,
+            "rw": self.job.rw,
+            "bs": self.job.block_size,
+            "iodepth": self.job.queue_depth,
+            "numjobs": self.job.workers,
+            "direct": self.job.direct,
+            "backend": self.backend,
+            "bytes": self.bytes,
+            "ops": self.ops,
+            "elapsed_s": self.elapsed,
+            "bw_bytes": self.bandwidth,
+            "iops": self.iops,
+            "cpu_s": self.cpu,
+            "cpu_user_s": self.cpu_user,
+            "cpu_sys_s": self.cpu_sys,
+            "lat_ns": self.latency.summary(),
+        }
+
+
+Progress = Callable[[int, int, float], None]
+
+
+def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0.5) -> IoResult:
+    """Run a job to its bound. Ctrl-C cancels it (within about a second) and re-raises.
+
+    The engine call runs on a helper thread so that the main thread stays free to notice
+    Ctrl-C and to report progress(bytes_done, ops_done, seconds) every `interval`.
+    """
+    cjob = ffi.new("struct qual_job *")
+    keep = _fill_job(cjob, job)
+    ctl = ffi.new("struct qual_ctl *")
+    res = ffi.new("struct qual_result *")
+    outcome: list[int] = []
+    worker = threading.Thread(target=lambda: outcome.append(lib.qual_job_run(cjob, ctl, res)),
+                              name="qual-job", daemon=True)
+    started = time.monotonic()
+    worker.start()
+    try:
+        last = started
+        while worker.is_alive():
+            worker.join(0.05)
+            now = time.monotonic()
+            if progress and now - last >= interval:
+                progress(int(ctl.bytes_done), int(ctl.ops_done), now - started)
+                last = now
+    except KeyboardInterrupt:
+        ctl.cancel = 1
+        worker.join()
+        raise
+    del keep
+    if res.error:
+        offset = int(res.error_offset) if res.error_op >= 0 else None
+        op = OPS[res.error_op] if res.error_op >= 0 else None
+        raise error_for(-res.error)(
+            -res.error, ffi.string(res.error_msg).decode(errors="replace"),
+            op=op or job.op, offset=offset, target=job.target)
+    return IoResult(
+        job=job,
+        backend=_BACKEND_NAME[res.backend],
+        bytes=int(res.bytes),
+        ops=int(res.ops),
+        elapsed=res.elapsed_ns / 1e9,
+        cpu_user=res.cpu_user_s,
+        cpu_sys=res.cpu_sys_s,
+        latency=LatencyHistogram(res.lat),
+    )
+
+
+def _fill_job(cjob, job: IoJob) -> list:
+    """Copy an IoJob into a struct qual_job; returns the cdata that must outlive the call."""
+    path = ffi.new("char[]", os.fsencode(job.target))
+    cjob.path = path
+    cjob.op = _OP_CODE[job.op]
+    cjob.pattern = _PATTERN_CODE[job.pattern]
+    cjob.backend = _BACKEND_CODE[job.backend]
+    cjob.direct = int(job.direct)
+    cjob.verify = int(job.verify)
+    cjob.exclusive = int(job.exclusive)
+    cjob.block_size = job.block_size
+    cjob.queue_depth = job.queue_depth
+    cjob.workers = job.workers
+    cjob.align = job.align
+    cjob.offset = job.offset
+    cjob.size = job.size
+    cjob.bytes = job.bytes
+    cjob.runtime_ns = int(job.runtime * 1e9)
+    cjob.seed = job.seed & (2**64 - 1)
+    keep = [path]
+    if job.faults:
+        faults = ffi.new("struct qual_fault[]", len(job.faults))
+        for cf, f in zip(faults, job.faults):
+            cf.op = -1 if f.op is None else _OP_CODE[f.op]
+            cf.error = f.error
+            cf.offset_lo, cf.offset_hi = f.offset_lo, f.offset_hi
+            cf.every, cf.limit, cf.short_bytes = f.every, f.limit, f.short_bytes
+            cf.delay_ns = int(f.delay * 1e9)
+        cjob.faults, cjob.nfaults = faults, len(job.faults)
+        keep.append(faults)
+    return keep
+
+
+# ------------------------------------------------------------------ machine and data helpers
+
+
+def io_uring_status() -> str | None:
+    """None when io_uring can be used here, else the reason it cannot."""
+    rc = lib.qual_io_uring_probe()
+    return None if rc == 0 else ffi.string(lib.qual_last_error()).decode()
+
+
+def dio_alignment(path: str) -> tuple[int, int] | None:
+    """(memory, offset) alignment for O_DIRECT on path, or None when the kernel does not say."""
+    mem, off = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+    rc = lib.qual_dio_align(os.fsencode(path), mem, off)
+    if rc == -errno_mod.EOPNOTSUPP:
+        return None
+    check(rc, op="statx", target=path)
+    return int(mem[0]), int(off[0])
+
+
+def pattern_fill(buf, seed: int, offset: int) -> None:
+    """Write the verification pattern for target offset `offset` into a writable buffer."""
+    view = ffi.from_buffer(buf, require_writable=True)
+    check(lib.qual_pattern_fill(view, len(view), seed & (2**64 - 1), offset), op="pattern")
+
+
+def pattern_check(buf, seed: int, offset: int) -> int | None:
+    """None when buf holds the pattern for `offset`, else the offset of the first bad unit."""
+    view = ffi.from_buffer(buf)
+    bad = ffi.new("uint64_t *")
+    rc = lib.qual_pattern_check(view, len(view), seed & (2**64 - 1), offset, bad)
+    if rc == -errno_mod.EBADMSG:
+        return int(bad[0])
+    check(rc, op="pattern")
+    return None
+
+
+def fill_random(buf, seed: int) -> None:
+    """Fill a writable buffer with incompressible bytes from the engine's PRNG."""
+    view = ffi.from_buffer(buf, require_writable=True)
+    check(lib.qual_fill_random(view, len(view), seed & (2**64 - 1)))

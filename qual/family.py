@@ -1,0 +1,85 @@
+"""What a workload family declares: its metrics, its profile table, and what it will measure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from qual import units
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter that selects a measurement (e.g. bs, qd); `kind` is size, count or number."""
+
+    name: str
+    kind: str
+
+    def parse(self, value: object) -> int | float:
+        if self.kind == "size":
+            return units.parse_size(value, name=self.name)
+        if self.kind == "count":
+            return units.parse_count(value, name=self.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise units.UnitError(f"{self.name} {value!r} is not a number")
+        return value
+
+    def show(self, value: int | float) -> str:
+        if self.kind == "size":
+            return format_block(int(value))
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A measured quantity: its dimension (units.DIMENSIONS), which way is better, its params."""
+
+    name: str
+    dimension: str
+    better: str  # "higher" or "lower"
+    params: tuple[Param, ...]
+    description: str
+
+
+@dataclass(frozen=True)
+class Field:
+    """A key of a family's profile table. kind: size, duration, count, ratio, choice, sizes,
+    counts, choices, table (with `fields`)."""
+
+    name: str
+    kind: str
+    default: object = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    minimum: int = 1
+    maximum: int | None = None
+    fields: tuple[Field, ...] = ()
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A workload family: the name of its profile table, its fields and metrics, a check of a
+    parsed table (returns (key, problem) pairs), and the measurement ids it will produce."""
+
+    name: str
+    description: str
+    fields: tuple[Field, ...]
+    metrics: dict[str, Metric]
+    check: Callable[[dict], list[tuple[str, str]]] = field(default=lambda table: [])
+    cells: Callable[[dict], list[str]] = field(default=lambda table: [])
+
+
+def format_block(size: int) -> str:
+    """A block size as fio and gdsio write it: 4K, 128K, 1M (bytes when not a whole KiB)."""
+    for shift, suffix in ((30, "G"), (20, "M"), (10, "K")):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift}{suffix}"
+    return str(size)
+
+
+def measurement_id(metric: Metric, params: dict[str, object]) -> str:
+    """`metric[p=v,...]` with the parameters in the metric's declared order."""
+    shown = ",".join(f"{p.name}={p.show(params[p.name])}" for p in metric.params
+                     if p.name in params)
+    return f"{metric.name}[{shown}]" if shown else metric.name

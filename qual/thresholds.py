@@ -1,0 +1,445 @@
+"""Profiles: load a threshold file (following `extends`), validate it, and judge measurements.
+
+A profile (DESIGN §5) is a TOML file with a `[profile]` table, one table per workload family
+holding that family's parameters, and `[[<family>.criteria]]` entries, each naming a metric,
+the parameters that select the measurement, a bound (`min` and/or `max`) with its `unit`, a
+`source` and a `severity`. Every problem is reported as `file:key: what is wrong`, all at
+once, before any I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from qual import shipped, units
+from qual.workloads import FAMILIES
+from qual.family import Family, Field, measurement_id
+
+PROFILE_KEYS = ("name", "description", "extends", "tolerance")
+CRITERION_KEYS = ("metric", "params", "min", "max", "unit", "source", "severity", "tolerance")
+SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
+DEFAULT_TOLERANCE = 0.05
+
+
+class ProfileError(Exception):
+    """Everything wrong with a profile, one `file:key: problem` line each."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(f"{f}:{k}: {p}" for f, k, p in problems))
+
+
+def profiles_dir() -> Path:
+    """Where the shipped profiles live."""
+    return shipped("thresholds")
+
+
+def list_profiles() -> list[tuple[str, str, Path]]:
+    """(name, description, path) of every shipped profile, by name."""
+    out = []
+    for path in sorted(profiles_dir().glob("*.toml")):
+        try:
+            desc = load_profile(path).description
+        except ProfileError as e:
+            desc = f"INVALID: {e.problems[0][2]}"
+        out.append((path.stem, desc, path))
+    return out
+
+
+def resolve_profile(spec: str | Path, relative_to: Path | None = None) -> Path:
+    """A profile name (ci, gen5-tlc) or a path to a .toml file."""
+    text = str(spec)
+    candidates = []
+    if relative_to is not None:
+        candidates.append(relative_to / text)
+        candidates.append(relative_to / f"{text}.toml")
+    candidates.append(Path(text))
+    if not text.endswith(".toml") and "/" not in text:
+        candidates.append(profiles_dir() / f"{text}.toml")
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    known = ", ".join(p.stem for p in sorted(profiles_dir().glob("*.toml")))
+    raise ProfileError([(text, "profile", f"no such profile file or name (shipped: {known})")])
+
+
+# ------------------------------------------------------------------ criteria and verdicts
+
+
+@dataclass(frozen=True)
+class Criterion:
+    family: str
+    metric: str
+    params: tuple[tuple[str, object], ...]
+    min: float | None
+    max: float | None
+    unit: str
+    source: str
+    severity: str
+    tolerance: float | None
+    origin: str  # file:key where it was written
+    id: str
+
+    @property
+    def param_dict(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def file(self) -> str:
+        return self.origin.split(":", 1)[0]
+
+    def judge(self, value: float) -> list[Verdict]:
+        verdicts = []
+        if self.min is not None:
+            margin = (value - self.min) / abs(self.min) if self.min else math.copysign(math.inf, value)
+            verdicts.append(Verdict(self, value, value >= self.min, "min", self.min, margin))
+        if self.max is not None:
+            margin = (self.max - value) / abs(self.max) if self.max else -math.copysign(math.inf, value)
+            verdicts.append(Verdict(self, value, value <= self.max, "max", self.max, margin))
+        return verdicts
+
+
+@dataclass(frozen=True)
+class Verdict:
+    criterion: Criterion
+    value: float
+    passed: bool
+    bound: str  # "min" or "max"
+    limit: float
+    margin: float  # fraction of the limit by which the value is inside (+) or outside (-)
+
+    def line(self) -> str:
+        """`seq_read_bw[bs=1M,qd=128] = 5.81 GiB/s < min 6.0 GiB/s (-3.2 %) [file: source]`"""
+        c = self.criterion
+        if self.bound == "min":
+            op = ">=" if self.passed else "<"
+        else:
+            op = "<=" if self.passed else ">"
+        margin = f"{self.margin * 100:+.1f} %" if math.isfinite(self.margin) else "n/a"
+        return (f"{c.id} = {units.format_quantity(self.value, c.unit)} {op} {self.bound} "
+                f"{units.format_quantity(self.limit, c.unit)} ({margin}) [{c.file}: {c.source}]")
+
+    def as_dict(self) -> dict:
+        c = self.criterion
+        return {"id": c.id, "metric": c.metric, "value": self.value, "bound": self.bound,
+                "limit": self.limit, "unit": c.unit, "margin": self.margin,
+                "passed": self.passed, "severity": c.severity, "source": c.source,
+                "origin": c.origin, "line": self.line()}
+
+
+# ------------------------------------------------------------------ the profile
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path
+    description: str
+    tolerance: float
+    files: tuple[Path, ...]  # the file and every file it extends, child first
+    digest: str
+    tables: dict  # family name -> parsed table
+    criteria: tuple[Criterion, ...]
+
+    def table(self, family: str) -> dict | None:
+        return self.tables.get(family)
+
+    def criteria_for(self, measurement: str) -> list[Criterion]:
+        return [c for c in self.criteria if c.id == measurement]
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "path": str(self.path), "digest": self.digest,
+                "description": self.description, "tolerance": self.tolerance,
+                "files": [str(f) for f in self.files]}
+
+
+def load_profile(spec: str | Path) -> Profile:
+    """Load, inherit and validate a profile; raises ProfileError listing every problem."""
+    path = resolve_profile(spec)
+    problems: list[tuple[str, str, str]] = []
+    chain = _load_chain(path, problems, [])
+    if problems:
+        raise ProfileError(problems)
+    top = chain[0]
+    label = top["label"]
+    info = {}
+    tables: dict[str, dict] = {}
+    criteria: dict[tuple, Criterion] = {}
+    for doc in reversed(chain):  # parent first, child overrides
+        info.update(doc["profile"])
+        for family, table in doc["tables"].items():
+            tables[family] = _merge(tables.get(family, {}), table)
+        for c in doc["criteria"]:
+            criteria[c.id] = c  # a child's criterion replaces its parent's for the same id
+    for family_name, table in tables.items():
+        family = FAMILIES[family_name]
+        _complete(family.fields, table, label, family_name, problems)
+        if not problems:
+            for key, problem in family.check(table):
+                problems.append((label, f"{family_name}.{key}", problem))
+    if "description" not in info:
+        problems.append((label, "profile.description", "missing: say what drive class this is for"))
+    for c in criteria.values():
+        if c.family not in tables:
+            problems.append((c.file, c.origin.split(":", 1)[1],
+                             f"[{c.family}] table is missing, so nothing measures {c.id}"))
+        elif not problems and c.id not in FAMILIES[c.family].cells(tables[c.family]):
+            problems.append((c.file, c.origin.split(":", 1)[1],
+                             f"{c.id} is not measured with this profile's [{c.family}] "
+                             "parameters (check its block sizes, depths, patterns)"))
+    if problems:
+        raise ProfileError(problems)
+    digest = hashlib.sha256(b"".join(d["raw"] for d in chain)).hexdigest()[:16]
+    return Profile(name=info.get("name", path.stem), path=path, description=info["description"],
+                   tolerance=info.get("tolerance", DEFAULT_TOLERANCE),
+                   files=tuple(d["path"] for d in chain), digest=digest, tables=tables,
+                   criteria=tuple(criteria.values()))
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _load_chain(path: Path, problems, seen: list[Path]) -> list[dict]:
+    """This file's parsed document followed by those of the files it extends."""
+    label = path.name
+    if path in seen:
+        cycle = " -> ".join(p.name for p in [*seen, path])
+        problems.append((label, "profile.extends", f"extends itself through {cycle}"))
+        return []
+    raw = path.read_bytes()
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        problems.append((label, "toml", str(e)))
+        return []
+    doc = {"path": path, "label": label, "raw": raw, "profile": {}, "tables": {}, "criteria": []}
+    _parse_document(data, doc, problems)
+    chain = [doc]
+    parent = doc["profile"].pop("extends", None)
+    if parent is not None:
+        try:
+            parent_path = resolve_profile(parent, relative_to=path.parent)
+        except ProfileError:
+            problems.append((label, "profile.extends", f"no profile {parent!r} next to {label} "
+                                                       "or among the shipped ones"))
+        else:
+            chain += _load_chain(parent_path, problems, [*seen, path])
+    return chain
+
+
+def _parse_document(data: dict, doc: dict, problems) -> None:
+    label = doc["label"]
+    for key, value in data.items():
+        if key == "profile":
+            doc["profile"] = _parse_profile_table(value, label, problems)
+        elif key in FAMILIES:
+            if not isinstance(value, dict):
+                problems.append((label, key, "must be a table"))
+                continue
+            family = FAMILIES[key]
+            table = dict(value)
+            raw_criteria = table.pop("criteria", [])
+            doc["tables"][key] = _parse_fields(family.fields, table, label, key, problems)
+            if not isinstance(raw_criteria, list):
+                problems.append((label, f"{key}.criteria", "must be an array of tables ([[...]])"))
+                continue
+            seen = {}
+            for i, raw in enumerate(raw_criteria):
+                where = f"{key}.criteria[{i}]"
+                c = _parse_criterion(family, raw, label, where, problems)
+                if c and c.id in seen:
+                    problems.append((label, where, f"{c.id} is already judged by {seen[c.id]}; "
+                                     "put both bounds in one criterion"))
+                elif c:
+                    seen[c.id] = where
+                    doc["criteria"].append(c)
+        else:
+            known = ", ".join(["profile", *FAMILIES])
+            problems.append((label, key, f"unknown table (known: {known})"))
+    if "profile" not in data:
+        problems.append((label, "profile", "missing [profile] table"))
+
+
+def _parse_profile_table(value, label, problems) -> dict:
+    if not isinstance(value, dict):
+        problems.append((label, "profile", "must be a table"))
+        return {}
+    out = {}
+    for key, v in value.items():
+        where = f"profile.{key}"
+        if key not in PROFILE_KEYS:
+            problems.append((label, where, _unknown(key, PROFILE_KEYS)))
+        elif key == "tolerance":
+            out[key] = _ratio(v, label, where, problems)
+        elif not isinstance(v, str) or not v.strip():
+            problems.append((label, where, "must be a non-empty string"))
+        else:
+            out[key] = v
+    return out
+
+
+def _unknown(key: str, known) -> str:
+    close = [k for k in known if _similar(key, k)]
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key{hint}; known: {', '.join(known)}"
+
+
+def _similar(a: str, b: str) -> bool:
+    if abs(len(a) - len(b)) > 2:
+        return False
+    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)) <= 2 or sorted(a) == sorted(b)
+
+
+def _ratio(value, label, where, problems) -> float | None:
+    try:
+        r = units.parse_quantity(value, "ratio")
+    except units.UnitError as e:
+        problems.append((label, where, str(e)))
+        return None
+    if not 0 <= r <= 10:
+        problems.append((label, where, f"{value!r} is not a sensible ratio"))
+        return None
+    return r
+
+
+def _parse_fields(fields: tuple[Field, ...], table: dict, label, prefix, problems) -> dict:
+    by_name = {f.name: f for f in fields}
+    out = {}
+    for key, value in table.items():
+        where = f"{prefix}.{key}"
+        f = by_name.get(key)
+        if f is None:
+            problems.append((label, where, _unknown(key, [*by_name, "criteria"])))
+            continue
+        try:
+            out[key] = _parse_value(f, value, label, where, problems)
+        except units.UnitError as e:
+            problems.append((label, where, str(e)))
+    return out
+
+
+def _parse_value(f: Field, value, label, where, problems):
+    kind = f.kind
+    if kind == "table":
+        if not isinstance(value, dict):
+            raise units.UnitError("must be a table")
+        return _parse_fields(f.fields, value, label, where, problems)
+    if kind in ("sizes", "counts", "choices"):
+        if not isinstance(value, list) or not value:
+            raise units.UnitError("must be a non-empty list")
+        single = Field(f.name, kind[:-1], choices=f.choices, minimum=f.minimum, maximum=f.maximum)
+        items = [_parse_value(single, v, label, where, problems) for v in value]
+        if len(set(items)) != len(items):
+            raise units.UnitError("lists a value twice")
+        return items
+    if kind == "size":
+        return units.parse_size(value, name=f.name, minimum=f.minimum)
+    if kind == "duration":
+        return units.parse_duration(value, name=f.name)
+    if kind == "count":
+        return units.parse_count(value, name=f.name, minimum=f.minimum, maximum=f.maximum)
+    if kind == "ratio":
+        return units.parse_quantity(value, "ratio")
+    if kind == "choice":
+        if value not in f.choices:
+            raise units.UnitError(f"{value!r} is not one of {', '.join(f.choices)}")
+        return value
+    raise AssertionError(f"field kind {kind!r}")
+
+
+def _complete(fields: tuple[Field, ...], table: dict, label, prefix, problems) -> None:
+    """Fill defaults after inheritance; a required field nobody gave is a problem."""
+    for f in fields:
+        if f.name in table:
+            if f.kind == "table":
+                _complete(f.fields, table[f.name], label, f"{prefix}.{f.name}", problems)
+        elif f.required:
+            problems.append((label, f"{prefix}.{f.name}", f"missing ({f.help or f.kind})"))
+        elif f.default is not None:
+            table[f.name] = _parse_value(f, f.default, label, f"{prefix}.{f.name}", problems)
+
+
+def _parse_criterion(family: Family, raw, label, where, problems) -> Criterion | None:
+    if not isinstance(raw, dict):
+        problems.append((label, where, "must be a table"))
+        return None
+    before = len(problems)
+    for key in raw:
+        if key not in CRITERION_KEYS:
+            problems.append((label, f"{where}.{key}", _unknown(key, CRITERION_KEYS)))
+    metric = family.metrics.get(raw.get("metric"))
+    if metric is None:
+        problems.append((label, f"{where}.metric", f"{raw.get('metric')!r} is not a metric of "
+                         f"[{family.name}] (known: {', '.join(family.metrics)})"))
+        return None
+    params = {}
+    raw_params = raw.get("params", {})
+    if not isinstance(raw_params, dict):
+        problems.append((label, f"{where}.params", "must be a table, e.g. { bs = \"1M\", qd = 128 }"))
+        raw_params = {}
+    declared = {p.name: p for p in metric.params}
+    for name, value in raw_params.items():
+        if name not in declared:
+            problems.append((label, f"{where}.params.{name}", _unknown(name, list(declared))))
+            continue
+        try:
+            params[name] = declared[name].parse(value)
+        except units.UnitError as e:
+            problems.append((label, f"{where}.params.{name}", str(e)))
+    for name in declared:
+        if name not in raw_params:
+            problems.append((label, f"{where}.params.{name}", f"missing: {metric.name} is "
+                             f"selected by {', '.join(declared)}"))
+    unit = raw.get("unit")
+    if not isinstance(unit, str):
+        problems.append((label, f"{where}.unit", f"missing: {metric.name} is a {metric.dimension}"))
+    else:
+        try:
+            units.parse_unit(unit, metric.dimension)
+        except units.UnitError as e:
+            problems.append((label, f"{where}.unit", str(e)))
+    bounds = {}
+    for side in ("min", "max"):
+        if side in raw:
+            v = raw[side]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                problems.append((label, f"{where}.{side}", f"{v!r} must be a number (the unit "
+                                 "goes in `unit`)"))
+            elif v < 0:
+                problems.append((label, f"{where}.{side}", f"{v} is negative"))
+            else:
+                bounds[side] = v
+    if "min" not in raw and "max" not in raw:
+        problems.append((label, where, "needs a bound: min, max or both"))
+    if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
+        problems.append((label, where, f"min {bounds['min']} is above max {bounds['max']}"))
+    source = raw.get("source")
+    if not isinstance(source, str) or not source.strip():
+        problems.append((label, f"{where}.source", "missing: cite the figure this bound comes from"))
+    severity = raw.get("severity", "normal")
+    if severity not in SEVERITIES:
+        problems.append((label, f"{where}.severity", f"{severity!r} is not one of {', '.join(SEVERITIES)}"))
+    tolerance = _ratio(raw["tolerance"], label, f"{where}.tolerance", problems) \
+        if "tolerance" in raw else None
+    if len(problems) > before:
+        return None
+    factor = units.parse_unit(unit).factor
+    return Criterion(
+        family=family.name, metric=metric.name,
+        params=tuple((p.name, params[p.name]) for p in metric.params),
+        min=bounds["min"] * factor if "min" in bounds else None,
+        max=bounds["max"] * factor if "max" in bounds else None,
+        unit=unit, source=source.strip(), severity=severity, tolerance=tolerance,
+        origin=f"{label}:{where}", id=measurement_id(metric, params))

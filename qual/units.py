@@ -1,0 +1,166 @@
+"""Quantities with units: parse what profiles and flags say, format what reports show.
+
+Sizes follow fio's convention: a bare K/M/G/T suffix and KiB/MiB/GiB/TiB are binary (1024);
+KB/MB/GB/TB are decimal (1000), as drive vendors print them. Values are held in base units:
+bytes, bytes per second, seconds, operations per second, and plain ratios (70 % = 0.70).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+
+class UnitError(ValueError):
+    """A quantity or unit that cannot be understood, with the reason."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    dimension: str  # size | bandwidth | time | rate | ratio | count
+    factor: float  # base units per one of this unit
+
+
+_SIZE_FACTORS = {
+    "B": 1,
+    "K": 1024, "KiB": 1024, "KB": 1000,
+    "M": 1024**2, "MiB": 1024**2, "MB": 1000**2,
+    "G": 1024**3, "GiB": 1024**3, "GB": 1000**3,
+    "T": 1024**4, "TiB": 1024**4, "TB": 1000**4,
+}
+_TIME_FACTORS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+_RATE_FACTORS = {"IOPS": 1.0, "kIOPS": 1e3, "MIOPS": 1e6, "/s": 1.0}
+
+UNITS: dict[str, Unit] = {}
+for _n, _f in _SIZE_FACTORS.items():
+    UNITS[_n] = Unit(_n, "size", _f)
+    UNITS[f"{_n}/s"] = Unit(f"{_n}/s", "bandwidth", _f)
+for _n, _f in _TIME_FACTORS.items():
+    UNITS[_n] = Unit(_n, "time", _f)
+for _n, _f in _RATE_FACTORS.items():
+    UNITS[_n] = Unit(_n, "rate", _f)
+for _n in ("K", "M", "G", "T"):  # fio accepts 4k, 1m: single-letter suffixes in any case
+    UNITS[_n.lower()] = Unit(_n.lower(), "size", _SIZE_FACTORS[_n])
+    UNITS[f"{_n.lower()}/s"] = Unit(f"{_n.lower()}/s", "bandwidth", _SIZE_FACTORS[_n])
+UNITS["%"] = Unit("%", "ratio", 0.01)
+UNITS["x"] = Unit("x", "ratio", 1.0)
+UNITS["count"] = Unit("count", "count", 1.0)
+
+DIMENSIONS = ("size", "bandwidth", "time", "rate", "ratio", "count")
+
+_QUANTITY = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ%/]*)\s*$")
+
+
+def parse_unit(name: str, dimension: str | None = None) -> Unit:
+    """The unit called `name`; when `dimension` is given, the unit must measure it."""
+    unit = UNITS.get(name.strip())
+    if unit is None:
+        raise UnitError(f"unknown unit {name!r} (known: {', '.join(_names(dimension))})")
+    if dimension and unit.dimension != dimension:
+        raise UnitError(
+            f"unit {name!r} measures {unit.dimension}, not {dimension} "
+            f"(use one of: {', '.join(_names(dimension))})"
+        )
+    return unit
+
+
+def _names(dimension: str | None) -> list[str]:
+    return [n for n, u in UNITS.items() if dimension is None or u.dimension == dimension]
+
+
+def parse_quantity(value: object, dimension: str, default_unit: str | None = None) -> float:
+    """A number with an optional unit ("4 GiB", "10s", 128) as a value in base units."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not a quantity")
+    if isinstance(value, (int, float)):
+        number, unit_name = float(value), ""
+    elif isinstance(value, str):
+        match = _QUANTITY.match(value)
+        if not match:
+            raise UnitError(f"{value!r} is not a number with a unit")
+        number, unit_name = float(match.group(1)), match.group(2)
+    else:
+        raise UnitError(f"{value!r} is not a quantity")
+    if not math.isfinite(number):
+        raise UnitError(f"{value!r} is not finite")
+    if not unit_name:
+        if default_unit is None:
+            raise UnitError(f"{value!r} needs a unit of {dimension} ({', '.join(_names(dimension))})")
+        unit_name = default_unit
+    return number * parse_unit(unit_name, dimension).factor
+
+
+def parse_size(value: object, *, name: str = "size", minimum: int = 1) -> int:
+    """A size in whole bytes (a bare number is bytes), at least `minimum`."""
+    size = parse_quantity(value, "size", default_unit="B")
+    if size != int(size):
+        raise UnitError(f"{name} {value!r} is not a whole number of bytes")
+    if size < minimum:
+        raise UnitError(f"{name} {value!r} must be at least {format_size(minimum)}")
+    return int(size)
+
+
+def parse_duration(value: object, *, name: str = "duration", minimum: float = 0.0) -> float:
+    """A duration in seconds (a bare number is seconds), more than `minimum`."""
+    seconds = parse_quantity(value, "time", default_unit="s")
+    if seconds <= minimum:
+        raise UnitError(f"{name} {value!r} must be longer than {minimum} s")
+    return seconds
+
+
+def parse_count(value: object, *, name: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """A whole count within [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        else:
+            raise UnitError(f"{name} {value!r} is not a whole number")
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f"..{maximum}" if maximum is not None else " or more"
+        raise UnitError(f"{name} {value} is outside {minimum}{upper}")
+    return value
+
+
+def convert(value: float, unit: str) -> float:
+    """A base-unit value expressed in `unit`."""
+    return value / parse_unit(unit).factor
+
+
+_AUTO = {
+    "size": ("B", "KiB", "MiB", "GiB", "TiB"),
+    "bandwidth": ("B/s", "KiB/s", "MiB/s", "GiB/s", "TiB/s"),
+    "time": ("ns", "us", "ms", "s"),
+    "rate": ("IOPS", "kIOPS", "MIOPS"),
+}
+
+
+def best_unit(value: float, dimension: str) -> str:
+    """The largest unit of the dimension in which |value| is at least 1."""
+    if dimension == "ratio":
+        return "%"
+    if dimension == "count":
+        return "count"
+    choice = _AUTO[dimension][0]
+    for name in _AUTO[dimension]:
+        if abs(value) >= UNITS[name].factor:
+            choice = name
+    return choice
+
+
+def format_quantity(value: float, unit: str | None = None, *, dimension: str | None = None) -> str:
+    """`value` (base units) as text in `unit`, or in the best unit of `dimension`."""
+    if unit is None:
+        if dimension is None:
+            raise UnitError("format_quantity needs a unit or a dimension")
+        unit = best_unit(value, dimension)
+    shown = convert(value, unit)
+    text = f"{shown:.3g}" if abs(shown) < 1000 else f"{shown:.0f}"
+    if unit == "count":
+        return text
+    return f"{text} {unit}" if unit != "%" else f"{text} %"
+
+
+def format_size(value: float) -> str:
+    return format_quantity(value, dimension="size")

@@ -1,0 +1,23 @@
+# cffi hooks its extension into setuptools through `cffi_modules` only, and the shipped profiles
+# and suites (thresholds/, suites/ at the top of the tree) are copied into the wheel as
+# qual/data/; everything else is in pyproject.toml.
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+SHIPPED = {"thresholds": "*.toml", "suites": "*.py"}
+
+
+class BuildWithShippedData(build_py):
+    def run(self):
+        super().run()
+        for folder, pattern in SHIPPED.items():
+            dest = Path(self.build_lib) / "qual" / "data" / folder
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in sorted(Path(folder).glob(pattern)):
+                shutil.copy2(f, dest / f.name)
+
+
+setup(cffi_modules=["qual/_build.py:ffibuilder"], cmdclass={"build_py": BuildWithShippedData})

@@ -1,0 +1,58 @@
+"""Bandwidth qualification: seed 004's GDSIO-style matrix (block size x queue depth for
+sequential and random reads and writes) and 4K random-read latency QoS, judged against the
+profile's [bandwidth] table."""
+
+import allure
+import pytest
+
+from qual import report
+from qual.workloads import bandwidth
+
+pytestmark = [pytest.mark.bandwidth]
+
+
+def pytest_generate_tests(metafunc):
+    if "cell" in metafunc.fixturenames:
+        from qual.plugin import qual_session
+
+        table = qual_session(metafunc.config).profile.table(bandwidth.NAME)
+        cells = bandwidth.matrix(table) if table else []
+        params = [pytest.param(c, id=c.label,
+                               marks=[pytest.mark.destructive] if c.op == "write" else [])
+                  for c in cells]
+        metafunc.parametrize("cell", params)
+
+
+@pytest.fixture(scope="module")
+def table(profile):
+    table = profile.table(bandwidth.NAME)
+    if table is None:
+        pytest.skip(f"profile {profile.name} has no [bandwidth] table")
+    return table
+
+
+@allure.feature("bandwidth matrix")
+def test_cell(cell, table, target, record):
+    """One cell of the matrix: bandwidth and IOPS for a pattern, block size and depth."""
+    record.add(bandwidth.run_cell(target, table, cell, seed=record.seed))
+
+
+@allure.feature("latency QoS")
+def test_latency(table, target, record):
+    """Random-read completion latency percentiles at the profile's block size and depth."""
+    if "latency" not in table:
+        pytest.skip("profile has no [bandwidth.latency] table")
+    measurements = bandwidth.run_latency(target, table, seed=record.seed)
+    record.add(measurements)
+    lat = table["latency"]
+    record.attach("latency percentiles", report.latency_percentile_curve(
+        measurements[0].samples, f"4K random read, depth {lat['depth']}: completion latency"))
+
+
+@allure.feature("charts")
+def test_charts(session_measurements, record):
+    """The matrix as heatmaps (block size x depth -> GiB/s), one per pattern."""
+    cells = [m.as_dict() for m in session_measurements if m.family == bandwidth.NAME]
+    if not any(m["metric"].endswith("_bw") for m in cells):
+        pytest.skip("no bandwidth cell ran in this process")
+    record.attach("bandwidth heatmap", report.bandwidth_heatmaps(cells, "bandwidth matrix (GiB/s)"))
