@@ -111,7 +111,20 @@ def cmd_io(args) -> int:
                      workers=args.numjobs, offset=args.offset or 0, size=args.size,
                      bytes=0 if args.runtime else args.size, runtime=args.runtime or 0.0,
                      seed=args.seed, backend=args.engine, direct=bool(args.direct))
-    target.prepare(job)
+    target.lock()
+    try:
+        target.prepare(job)
+        result = _run_io(job, args)
+    finally:
+        target.unlock()
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(human_line(result))
+    return 0
+
+
+def _run_io(job: engine.IoJob, args) -> engine.IoResult:
     show = sys.stderr.isatty() and not args.json
 
     def progress(done: int, ops: int, seconds: float) -> None:
@@ -122,11 +135,7 @@ def cmd_io(args) -> int:
     result = engine.run_job(job, progress=progress if show else None)
     if show:
         print(file=sys.stderr)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(human_line(result))
-    return 0
+    return result
 
 
 def human_line(result: engine.IoResult) -> str:

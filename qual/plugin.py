@@ -26,6 +26,7 @@ RECORDER_KEY = pytest.StashKey["Recorder"]()
 # keys of report.user_properties: how a worker's results reach the controller under xdist
 PAYLOAD, STATUS, QUAL_TEST, TARGET_INFO = "qual", "qual_status", "qual_test", "qual_target"
 QUAL_FIXTURES = {"target", "record"}
+DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 
 
 def pytest_addoption(parser):
@@ -79,9 +80,11 @@ def target(request):
     """The target under qualification; qual's scratch file is removed at the end."""
     session = qual_session(request.config)
     t = session.open_target()
+    t.lock()
     yield t
     if not request.config.option.qual_keep_scratch:
         t.cleanup()
+    t.unlock()
 
 
 @pytest.fixture
@@ -243,6 +246,10 @@ class QualSession:
             elif opt.dist not in ("loadgroup", "no"):
                 raise pytest.UsageError(f"--dist {opt.dist} could measure one drive from two "
                                         "workers at once; qual needs --dist loadgroup")
+        if not self.controller:
+            # workers re-parse the original command line, which may lack --dist loadgroup;
+            # the controller always schedules by group, so the workers must name the groups
+            opt.loadgroup = True
         self.results_dir = Path(opt.qual_results)
         self._target: Target | None = None
         self._target_sent = False
@@ -272,8 +279,9 @@ class QualSession:
 
     # ---- hooks (registered as a plugin object)
 
+    @pytest.hookimpl(tryfirst=True)  # before xdist turns the markers into group names
     def pytest_collection_modifyitems(self, items):
-        group = f"drive:{self.target_spec or DEFAULT_TARGET}"
+        group = f"{DRIVE_GROUP}{self.target_spec or DEFAULT_TARGET}"
         for item in items:
             if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
                 item.add_marker(pytest.mark.xdist_group(name=group))
@@ -286,8 +294,9 @@ class QualSession:
             return
         if TARGET_INFO in props and self.target_reported is None:
             self.target_reported = props[TARGET_INFO]
-        entry = self.tests.setdefault(report.nodeid, {
-            "nodeid": report.nodeid, "outcome": "passed", "duration_s": 0.0, "message": None,
+        nodeid = report.nodeid.split(f"@{DRIVE_GROUP}")[0]  # xdist appends the group
+        entry = self.tests.setdefault(nodeid, {
+            "nodeid": nodeid, "outcome": "passed", "duration_s": 0.0, "message": None,
             "measurements": [], "verdicts": [], "regressions": []})
         entry["duration_s"] += report.duration
         if PAYLOAD in props and report.when == "call":
@@ -348,7 +357,7 @@ class QualSession:
 def _short_message(report) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
-        return crash.message
+        return crash.message.removeprefix("Failed: ")  # pytest.fail's own prefix
     if isinstance(report.longrepr, tuple):  # skip: (file, line, reason)
         return str(report.longrepr[2])
     return str(report.longrepr).strip().splitlines()[0] if report.longrepr else ""

@@ -35,6 +35,8 @@ class Measurement:
     context: dict = field(default_factory=dict)
     samples: object = None  # latency bins {ns: count}, or a list of values
     resolved: bool = True  # False: too few samples to support the value (e.g. a p99.99)
+    comparable: bool = True  # False: too unstable to gate against a baseline (a maximum is
+    #                          one sample; a tail percentile needs 10x the samples that resolve it)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -47,13 +49,13 @@ class Measurement:
 
 
 def measure(family: str, metric: Metric, params: dict, value: float, *,
-            context: dict | None = None, samples: object = None,
-            resolved: bool = True) -> Measurement:
+            context: dict | None = None, samples: object = None, resolved: bool = True,
+            comparable: bool = True) -> Measurement:
     return Measurement(id=measurement_id(metric, params), family=family, metric=metric.name,
                        params=dict(params), value=float(value),
                        unit=BASE_UNIT[metric.dimension], dimension=metric.dimension,
                        better=metric.better, context=dict(context or {}), samples=samples,
-                       resolved=resolved)
+                       resolved=resolved, comparable=resolved and comparable)
 
 
 # ------------------------------------------------------------------ baseline gating
@@ -106,14 +108,14 @@ class Baseline:
             raise ValueError(f"{path}: not a qual run record (schema {data.get('schema')!r})")
         self.data = data
         self.values = {m["id"]: m for t in data.get("tests", []) for m in t["measurements"]
-                       if m.get("resolved", True)}
+                       if m.get("comparable", True)}
         ident = data.get("target", {}).get("identity", {})
         fw = ident.get("firmware")
         self.label = f"{self.path.name}" + (f" fw {fw}" if fw else "")
 
     def compare(self, m: Measurement, tolerance: float) -> Regression | None:
         old = self.values.get(m.id)
-        if old is None or not m.resolved or old["value"] == 0:
+        if old is None or not m.comparable or old["value"] == 0:
             return None
         change = (m.value - old["value"]) / abs(old["value"])
         if m.better == "lower":

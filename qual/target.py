@@ -426,13 +426,21 @@ class Target:
 
     # ---- facts about the target
 
+    def _ioctl(self, request: int, fmt: str) -> int:
+        """An ioctl on the block device, its failure a TargetUnavailable."""
+        try:
+            with open(self.path, "rb") as f:
+                buf = fcntl.ioctl(f.fileno(), request, b"\0" * struct.calcsize(fmt))
+        except OSError as e:
+            raise TargetUnavailable(e.errno, f"cannot query the device: {e.strerror}",
+                                    target=self.spec) from None
+        return struct.unpack(fmt, buf)[0]
+
     @property
     def capacity(self) -> int:
         """Bytes a job may address: the device's size, or the scratch file's possible size."""
         if self.kind == "block":
-            with open(self.path, "rb") as f:
-                buf = fcntl.ioctl(f.fileno(), _BLKGETSIZE64, b"\0" * 8)
-            return struct.unpack("Q", buf)[0]
+            return self._ioctl(_BLKGETSIZE64, "Q")
         existing = self.path.stat().st_size if self.path.exists() else 0
         free = shutil.disk_usage(self._existing()).free
         return existing + max(0, free - SPACE_RESERVE)
@@ -441,9 +449,7 @@ class Target:
     def align(self) -> int:
         """Offset and length alignment for O_DIRECT: the logical block size, or what statx says."""
         if self.kind == "block":
-            with open(self.path, "rb") as f:
-                buf = fcntl.ioctl(f.fileno(), _BLKSSZGET, b"\0" * 4)
-            return struct.unpack("i", buf)[0]
+            return self._ioctl(_BLKSSZGET, "i")
         align = self.identity.logical_block_size
         if self.path.exists():
             reported = engine.dio_alignment(str(self.path))
@@ -523,11 +529,46 @@ class Target:
 
     def prepare(self, job: IoJob) -> None:
         """Make the job's region ready: real data under reads, the guard passed for writes."""
+        home = self.path if self.kind == "block" else self.path.parent
+        if not home.exists() and not self._default:
+            raise TargetUnavailable(errno.ENOENT, f"vanished: {home} no longer exists",
+                                    target=self.spec)
         end = job.offset + job.size
         if job.op == "write":
             self.ensure_writable(end)
         else:
             self.ensure_data(end)
+
+    def lock(self) -> None:
+        """Hold the target for this process: a second qual run on it is refused at once, since
+        two runs on one drive would measure each other."""
+        try:
+            if self.kind == "block":
+                self._lock_path = None
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            else:
+                self._lock_path = self.path.with_name(f".{self.path.name}.qual.lock")
+                if self._default:
+                    self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise TargetUnavailable(e.errno, f"cannot open: {e.strerror}", target=self.spec) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise TargetUnavailable(errno.EBUSY, "another qual run holds this target",
+                                    target=self.spec) from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        fd = getattr(self, "_lock_fd", None)
+        if fd is None:
+            return
+        if self._lock_path is not None:
+            self._lock_path.unlink(missing_ok=True)
+        os.close(fd)
+        self._lock_fd = None
 
     def cleanup(self) -> None:
         """Remove the scratch file, only if qual created it (it carries qual's marker)."""

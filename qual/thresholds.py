@@ -192,9 +192,10 @@ def load_profile(spec: str | Path) -> Profile:
             problems.append((c.file, c.origin.split(":", 1)[1],
                              f"[{c.family}] table is missing, so nothing measures {c.id}"))
         elif not problems and c.id not in FAMILIES[c.family].cells(tables[c.family]):
+            inherited = f" (inherited by {label})" if c.file != label else ""
             problems.append((c.file, c.origin.split(":", 1)[1],
-                             f"{c.id} is not measured with this profile's [{c.family}] "
-                             "parameters (check its block sizes, depths, patterns)"))
+                             f"{c.id} is not measured with the [{c.family}] parameters of "
+                             f"{label}{inherited}: check its block sizes, depths, patterns"))
     if problems:
         raise ProfileError(problems)
     digest = hashlib.sha256(b"".join(d["raw"] for d in chain)).hexdigest()[:16]

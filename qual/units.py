@@ -156,6 +156,9 @@ def format_quantity(value: float, unit: str | None = None, *, dimension: str | N
             raise UnitError("format_quantity needs a unit or a dimension")
         unit = best_unit(value, dimension)
     shown = convert(value, unit)
+    if 0 < abs(shown) < 0.01 and UNITS[unit].dimension in _AUTO:
+        unit = best_unit(value, UNITS[unit].dimension)  # 61.2 us, not 6.12e-05 s
+        shown = convert(value, unit)
     text = f"{shown:.3g}" if abs(shown) < 1000 else f"{shown:.0f}"
     if unit == "count":
         return text

@@ -157,11 +157,14 @@ def run_latency(target: Target, table: dict, *, seed: int = 1,
     result, context = _run(target, table, op="read", layout="random", bs=lat["block_size"],
                            qd=lat["depth"], runtime=lat["runtime"], seed=seed, progress=progress)
     bins = result.latency.to_bins()
+    count = result.latency.count
     out = []
     for pct in LATENCY_PERCENTILES:
         needed = honesty.samples_needed(pct)
         params = {"bs": lat["block_size"], "qd": lat["depth"], "pct": pct}
-        out.append(measure(NAME, METRICS["rand_read_lat"], params, result.latency.percentile(pct) / 1e9,
+        out.append(measure(NAME, METRICS["rand_read_lat"], params,
+                           result.latency.percentile(pct) / 1e9,
                            context={**context, "samples_needed": needed},
-                           samples=bins, resolved=result.latency.count >= needed))
+                           samples=bins, resolved=count >= needed,
+                           comparable=pct < 100 and count >= 10 * needed))
     return out
