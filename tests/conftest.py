@@ -1,0 +1,70 @@
+"""Fixtures over the test bed (testbed.py): pattern files and loop devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testbed import sh, write_pattern_file
+
+
+@pytest.fixture
+def pattern_file(tmp_path):
+    """Factory: a file of `size` bytes holding the verification pattern of `seed`."""
+
+    def make(size: int = 8 << 20, seed: int = 42) -> Path:
+        path = tmp_path / f"pattern-{seed}-{size}.dat"
+        write_pattern_file(path, size, seed)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def loop_device(tmp_path):
+    """Factory: a loop device over a fresh backing file; every device is detached afterwards."""
+    made: list[tuple[str, list[str]]] = []
+
+    def make(size: int = 64 << 20, name: str = "loop.img") -> str:
+        backing = tmp_path / name
+        with open(backing, "wb") as f:
+            f.truncate(size)
+        dev = sh("losetup", "--find", "--show", str(backing))
+        made.append((dev, []))
+        return dev
+
+    def mount(dev: str) -> Path:
+        sh("mkfs.ext4", "-q", "-F", dev)
+        point = tmp_path / f"mnt-{Path(dev).name}"
+        point.mkdir()
+        sh("mount", dev, str(point))
+        for d, mounts in made:
+            if d == dev:
+                mounts.append(str(point))
+        return point
+
+    def partition(dev: str) -> str:
+        """Write an MBR with one partition and make the kernel add it (BLKPG, via partx)."""
+        mbr = bytearray(512)
+        # partition entry: status, CHS start, type 0x83 (Linux), CHS end, LBA start, sectors
+        mbr[446:462] = (0).to_bytes(1, "little") + b"\0\0\0" + b"\x83" + b"\0\0\0" + \
+            (2048).to_bytes(4, "little") + (16384).to_bytes(4, "little")
+        mbr[510:512] = b"\x55\xaa"
+        with open(dev, "r+b") as f:
+            f.write(mbr)
+            f.flush()
+            os.fsync(f.fileno())
+        sh("partx", "--add", dev)
+        return f"{dev}p1"
+
+    make.mount = mount
+    make.partition = partition
+    yield make
+    for dev, mounts in reversed(made):
+        for point in mounts:
+            subprocess.run(["umount", point], capture_output=True)
+        subprocess.run(["partx", "--delete", dev], capture_output=True)
+        subprocess.run(["losetup", "--detach", dev], capture_output=True)

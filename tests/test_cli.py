@@ -1,0 +1,89 @@
+"""The `qual` command, run as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from qual.target import Target
+from testbed import TINY_PROFILE, load_record, needs_root, sha256_of
+
+
+def qual(*args, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "qual.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("rw", ["read", "randread", "write", "randwrite"])
+def test_io_json_has_the_documented_keys(tmp_path, rw):
+    proc = qual("io", "--target", str(tmp_path), "--rw", rw, "--bs", "64k", "--iodepth", "4",
+                "--size", "8M", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {"backend", "bw_bytes", "iops", "lat_ns", "cpu_s"} <= doc.keys()
+    assert {"p50", "p99", "p99.9", "p99.99", "max", "mean"} <= doc["lat_ns"].keys()
+    assert doc["rw"] == rw and doc["bytes"] == 8 << 20 and doc["backend"] in ("io_uring", "psync")
+
+
+def test_io_human_line_names_backend_and_percentiles(tmp_path):
+    proc = qual("io", "--target", str(tmp_path), "--rw", "randread", "--bs", "4k", "--size",
+                "4M", "--runtime", "0.3s", "--engine", "psync")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert line.startswith("randread bs=4 KiB iodepth=1 numjobs=1 [psync]:")
+    assert "p99.99" in line and "IOPS" in line and "/IO" in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bs", "4 parsecs"], "argument --bs: unknown unit 'parsecs'"),
+    (["--iodepth", "0"], "argument --iodepth: value 0 is outside"),
+    (["--runtime", "-1s"], "argument --runtime"),
+    (["--rw", "trim"], "argument --rw: invalid choice"),
+    (["--engine", "aio"], "argument --engine: invalid choice"),
+])
+def test_io_flag_errors_before_any_io(tmp_path, args, message):
+    proc = qual("io", "--target", str(tmp_path), *args)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_io_job_errors_before_any_io(tmp_path):
+    proc = qual("io", "--target", str(tmp_path), "--bs", "1000", "--size", "8M")
+    assert proc.returncode == 1
+    assert "block size 1000 is not a multiple of the target's 512-byte logical block" in proc.stderr
+    assert not list(tmp_path.glob("qual-target.dat"))
+
+
+@needs_root
+def test_io_refuses_a_write_to_a_mounted_device(loop_device):
+    dev = loop_device()
+    loop_device.mount(dev)
+    before = sha256_of(dev)
+    proc = qual("io", "--target", dev, "--rw", "write", "--size", "1M", "--allow-destructive",
+                "--confirm-serial", Target(dev).identity.serial)
+    assert proc.returncode == 1 and "refusing to write: mounted:" in proc.stderr
+    assert sha256_of(dev) == before
+
+
+def test_profiles_lists_shipped_profiles():
+    proc = qual("profiles")
+    assert proc.returncode == 0
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert {"ci", "gen5-tlc", "gen4-qlc", "nvme-rig"} <= set(names)
+
+
+def test_run_wraps_pytest_and_leaves_record_and_allure(tmp_path):
+    proc = qual("run", "--profile", str(TINY_PROFILE), "--results", "out", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert load_record(tmp_path / "out")["summary"]["verdict"] == "PASS"
+    assert list((tmp_path / "out" / "allure-results").glob("*-result.json"))
+    assert not (tmp_path / ".benchmarks").exists()
+
+
+def test_clean_removes_only_qual_s_scratch(tmp_path):
+    assert qual("io", "--target", str(tmp_path), "--size", "1M").returncode == 0
+    (tmp_path / "mine.txt").write_text("keep")
+    assert (tmp_path / "qual-target.dat").exists()
+    assert qual("clean", str(tmp_path)).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]

@@ -1,0 +1,287 @@
+"""The native engine against known data, on both backends, with real files and io_uring."""
+
+import errno
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from qual import engine
+from qual.engine import (BackendUnavailable, DataMismatch, DeviceIoError, Fault, InvalidJob,
+                         IoJob, NoSpace, QualError, TargetUnavailable, run_job)
+
+from testbed import IS_ROOT
+
+BACKENDS = ["io_uring", "psync"]
+MiB = 1 << 20
+
+
+def job(path, **kw):
+    kw.setdefault("op", "read")
+    kw.setdefault("pattern", "sequential")
+    kw.setdefault("block_size", 64 << 10)
+    kw.setdefault("size", os.path.getsize(path) if os.path.exists(path) else 8 * MiB)
+    return IoJob(target=str(path), **kw)
+
+
+def blank_file(path, size):
+    with open(path, "wb") as f:
+        f.write(b"\0" * size)
+        os.fsync(f.fileno())
+    return path
+
+
+# ------------------------------------------------------------------ known data
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern", ["sequential", "random"])
+def test_reads_return_what_python_wrote(pattern_file, backend, pattern):
+    """Python writes the pattern; the engine reads it back and checks every block it reads."""
+    path = pattern_file(8 * MiB, seed=7)
+    res = run_job(job(path, pattern=pattern, backend=backend, queue_depth=8, workers=2,
+                      verify=True, seed=7, bytes=16 * MiB))
+    assert res.backend == backend
+    assert res.bytes == 16 * MiB and res.ops == 16 * MiB // (64 << 10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_corrupted_byte_is_found_and_named(pattern_file, backend):
+    path = pattern_file(4 * MiB, seed=9)
+    bad = 3 * MiB + 777
+    with open(path, "r+b") as f:
+        f.seek(bad)
+        byte = f.read(1)
+        f.seek(bad)
+        f.write(bytes([byte[0] ^ 0x40]))
+        f.flush()
+        os.fsync(f.fileno())
+    with pytest.raises(DataMismatch) as e:
+        run_job(job(path, backend=backend, verify=True, seed=9, bytes=4 * MiB, queue_depth=4))
+    err = e.value
+    assert err.errno == errno.EBADMSG and err.op == "read"
+    assert err.offset == bad - bad % 512  # the 512-byte unit holding the bad byte
+    assert err.target == str(path) and str(path) in str(err)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sequential_writes_land_at_every_offset(tmp_path, backend):
+    """Engine writes the pattern over the whole region with 3 workers; Python reads every
+    512-byte unit back and checks its offset stamp and its content."""
+    size = 6 * MiB
+    path = blank_file(tmp_path / "w.dat", size)
+    res = run_job(job(path, op="write", backend=backend, workers=3, queue_depth=4,
+                      block_size=128 << 10, size=size, bytes=size, verify=True, seed=3))
+    assert res.bytes == size
+    data = np.fromfile(path, dtype=np.uint8)
+    stamps = data.reshape(-1, 512)[:, :8].copy().view("<u8").ravel()
+    assert (stamps == np.arange(0, size, 512, dtype=np.uint64)).all()
+    assert engine.pattern_check(data, 3, 0) is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_writes_are_block_aligned_and_in_the_region(tmp_path, backend):
+    size, bs, region_off, region = 8 * MiB, 16 << 10, 1 * MiB, 4 * MiB
+    path = blank_file(tmp_path / "r.dat", size)
+    run_job(job(path, op="write", pattern="random", backend=backend, queue_depth=8,
+                block_size=bs, offset=region_off, size=region, bytes=2 * MiB, verify=True,
+                seed=5))
+    blocks = np.fromfile(path, dtype=np.uint8).reshape(-1, bs)
+    written = np.flatnonzero(blocks.any(axis=1))
+    assert len(written) > 0
+    offsets = written * bs
+    assert offsets.min() >= region_off and offsets.max() < region_off + region
+    for i in written:  # every written block is whole and belongs to its own offset
+        assert engine.pattern_check(blocks[i], 5, int(i) * bs) is None
+
+
+def test_write_data_is_incompressible_and_unique_per_block(tmp_path):
+    size = 4 * MiB
+    path = blank_file(tmp_path / "x.dat", size)
+    run_job(job(path, op="write", block_size=64 << 10, size=size, bytes=size, seed=11))
+    data = path.read_bytes()
+    assert len(zlib.compress(data, 6)) > 0.99 * len(data)
+    pages = np.frombuffer(data, dtype=np.uint8).reshape(-1, 4096)
+    stamps = pages[:, :8].copy().view("<u8").ravel()
+    assert (stamps == np.arange(0, size, 4096, dtype=np.uint64)).all()
+    assert len({bytes(p) for p in pages}) == len(pages)  # no two pages alike: nothing to dedupe
+
+
+# ------------------------------------------------------------------ bounds, results
+
+
+def test_bytes_bound_is_exact(pattern_file):
+    res = run_job(job(pattern_file(8 * MiB), bytes=3 * MiB, queue_depth=4))
+    assert res.bytes == 3 * MiB and res.ops == 48 and res.latency.count == 48
+
+
+def test_bytes_bound_is_shared_across_workers(pattern_file):
+    res = run_job(job(pattern_file(8 * MiB), bytes=5 * MiB, workers=3, pattern="random"))
+    assert res.bytes == 5 * MiB
+
+
+def test_time_bound_stops_the_job(pattern_file):
+    res = run_job(job(pattern_file(8 * MiB), runtime=0.4, queue_depth=2, block_size=4096))
+    assert 0.4 <= res.elapsed < 5
+    assert res.ops > 0 and res.latency.count == res.ops
+
+
+def test_first_bound_reached_wins(pattern_file):
+    res = run_job(job(pattern_file(8 * MiB), runtime=60, bytes=1 * MiB))
+    assert res.bytes == 1 * MiB and res.elapsed < 60
+
+
+def test_result_fields_are_consistent(pattern_file):
+    res = run_job(job(pattern_file(8 * MiB), bytes=8 * MiB, queue_depth=4))
+    assert res.bandwidth == pytest.approx(res.bytes / res.elapsed)
+    assert res.iops == pytest.approx(res.ops / res.elapsed)
+    assert res.cpu > 0 and res.cpu_per_io == pytest.approx(res.cpu / res.ops)
+    lat = res.latency.summary()
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["p99.99"] <= lat["max"]
+    assert res.latency.min_ns <= lat["mean"] <= lat["max"]
+    doc = res.to_dict()
+    assert {"backend", "bw_bytes", "iops", "lat_ns", "cpu_s"} <= doc.keys()
+    assert {"p50", "p99", "p99.9", "p99.99", "max", "mean"} <= doc["lat_ns"].keys()
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(block_size=1000), "not a multiple"),
+    (dict(offset=100), "offset 100"),
+    (dict(queue_depth=0), "queue depth 0"),
+    (dict(workers=0), "workers 0"),
+    (dict(bytes=0, runtime=0), "no bound"),
+    (dict(op="trim"), "op 'trim'"),
+    (dict(size=1000), "holds no"),
+    (dict(align=3), "power of two"),
+])
+def test_bad_jobs_are_refused_before_any_io(tmp_path, bad, message):
+    path = tmp_path / "never.dat"
+    kw = dict(bytes=MiB, size=8 * MiB)
+    kw.update(bad)
+    with pytest.raises(InvalidJob, match=message):
+        job(path, **kw)
+    assert not path.exists()
+
+
+def test_kernel_alignment_error_names_op_and_offset(pattern_file):
+    """A job Python lets through (alignment 1) but O_DIRECT refuses: the kernel's EINVAL
+    surfaces from the engine with the op and offset of the failed I/O."""
+    path = pattern_file(1 * MiB)
+    with pytest.raises(InvalidJob) as e:
+        run_job(job(path, block_size=1000, align=1, size=1000 * 1000, bytes=100_000))
+    assert e.value.errno == errno.EINVAL and e.value.op == "read" and e.value.offset == 0
+
+
+def test_region_beyond_the_end_of_the_file_is_refused(pattern_file):
+    path = pattern_file(1 * MiB)
+    with pytest.raises(InvalidJob, match="beyond the end"):
+        run_job(job(path, size=2 * MiB, bytes=MiB))
+
+
+def test_missing_target(tmp_path):
+    with pytest.raises(TargetUnavailable) as e:
+        run_job(job(tmp_path / "absent.dat", bytes=MiB))
+    assert e.value.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_injected_eio_names_target_op_and_offset(pattern_file, backend, op):
+    path = pattern_file(4 * MiB)
+    fault = Fault(op=op, error=errno.EIO, offset_lo=2 * MiB, offset_hi=2 * MiB + 1)
+    with pytest.raises(DeviceIoError) as e:
+        run_job(job(path, op=op, backend=backend, bytes=4 * MiB, faults=(fault,)))
+    err = e.value
+    assert (err.errno, err.op, err.offset, err.target) == (errno.EIO, op, 2 * MiB, str(path))
+
+
+def test_injected_short_read_is_an_error(pattern_file):
+    path = pattern_file(2 * MiB)
+    fault = Fault(op="read", short_bytes=512, offset_lo=MiB, offset_hi=MiB + 1)
+    with pytest.raises(DeviceIoError, match="short read: 512 of 65536 bytes at offset 1048576"):
+        run_job(job(path, bytes=2 * MiB, faults=(fault,)))
+
+
+def test_injected_enospc_is_no_space(pattern_file):
+    path = pattern_file(2 * MiB)
+    fault = Fault(op="write", error=errno.ENOSPC, every=5)
+    with pytest.raises(NoSpace):
+        run_job(job(path, op="write", bytes=2 * MiB, faults=(fault,)))
+
+
+def test_injected_delay_shows_in_latency(pattern_file):
+    path = pattern_file(2 * MiB)
+    fault = Fault(delay=0.05, limit=1)
+    res = run_job(job(path, bytes=2 * MiB, faults=(fault,)))
+    assert res.latency.max_ns >= 50_000_000
+    assert res.latency.percentile(50) < 50_000_000
+
+
+def test_errors_survive_pickling():
+    """pytest-xdist ships a worker's exception to the controller."""
+    err = DeviceIoError(errno.EIO, "boom", op="read", offset=4096, target="/x")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is DeviceIoError and str(back) == str(err) and back.offset == 4096
+
+
+# ------------------------------------------------------------------ backend selection
+
+
+@pytest.fixture
+def io_uring_disabled():
+    """io_uring switched off machine-wide for the test (kernel.io_uring_disabled=2)."""
+    knob = "/proc/sys/kernel/io_uring_disabled"
+    if not IS_ROOT or not os.path.exists(knob):
+        pytest.skip("needs root and the kernel.io_uring_disabled sysctl")
+    old = open(knob).read().strip()
+    with open(knob, "w") as f:
+        f.write("2")
+    yield
+    with open(knob, "w") as f:
+        f.write(old)
+
+
+def test_auto_falls_back_to_psync_without_io_uring(pattern_file, io_uring_disabled):
+    assert engine.io_uring_status() is not None
+    res = run_job(job(pattern_file(2 * MiB), bytes=2 * MiB))
+    assert res.backend == "psync"
+
+
+def test_asking_for_io_uring_without_it_is_an_error(pattern_file, io_uring_disabled):
+    with pytest.raises(QualError, match="io_uring is unavailable"):
+        run_job(job(pattern_file(2 * MiB), bytes=2 * MiB, backend="io_uring"))
+
+
+def test_auto_uses_io_uring_where_it_works(pattern_file):
+    if engine.io_uring_status() is not None:
+        pytest.skip(f"io_uring unavailable here: {engine.io_uring_status()}")
+    assert run_job(job(pattern_file(2 * MiB), bytes=2 * MiB)).backend == "io_uring"
+
+
+# ------------------------------------------------------------------ interruption
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ctrl_c_stops_a_long_job_within_about_a_second(tmp_path, backend):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qual.cli", "io", "--target", str(tmp_path), "--rw", "randread",
+         "--bs", "4k", "--iodepth", "4", "--size", "16M", "--runtime", "120", "--engine",
+         backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # past start-up and the scratch fill, into the job
+    assert proc.poll() is None
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    stopped = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert stopped < 5, f"took {stopped:.1f} s to stop"

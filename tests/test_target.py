@@ -1,0 +1,239 @@
+"""Targets: scratch files qual owns, files it does not, identity, device counters, and the
+safety guard on real loop devices (every refusal rule, and that nothing was written)."""
+
+import errno
+import os
+import stat
+import subprocess
+
+import pytest
+
+from qual import engine
+from qual.engine import TargetUnavailable
+from qual.target import DEFAULT_TARGET, SCRATCH_NAME, Target, UnsafeTarget, guard_refusals, \
+    marker_path, read_marker
+from testbed import needs_root, sh, sha256_of
+
+MiB = 1 << 20
+
+
+# ------------------------------------------------------------------ files and directories
+
+
+def test_directory_target_gets_a_scratch_file_with_real_blocks(tmp_path):
+    t = Target(tmp_path)
+    assert t.kind == "directory" and t.path == tmp_path / SCRATCH_NAME
+    t.ensure_data(8 * MiB)
+    st = t.path.stat()
+    assert st.st_size == 8 * MiB and st.st_blocks * 512 >= 8 * MiB  # written, not sparse
+    assert read_marker(t.path)["written"] == 8 * MiB
+    data = t.path.read_bytes()
+    assert data.count(0) < len(data) // 100  # random data, not zeros
+
+
+def test_scratch_file_grows_only_by_what_is_missing(tmp_path):
+    t = Target(tmp_path / "t.dat")
+    t.ensure_data(2 * MiB)
+    head = t.path.read_bytes()
+    t.ensure_data(4 * MiB)
+    assert t.path.stat().st_size == 4 * MiB
+    assert t.path.read_bytes()[:2 * MiB] == head
+
+
+def test_default_target_is_made_under_dot_qual_only_when_needed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    t = Target()
+    assert t.spec == DEFAULT_TARGET and not (tmp_path / ".qual").exists()
+    t.ensure_data(MiB)
+    assert (tmp_path / DEFAULT_TARGET).stat().st_size == MiB
+
+
+def test_cleanup_removes_only_what_qual_created(tmp_path):
+    mine = Target(tmp_path)
+    mine.ensure_data(MiB)
+    theirs = tmp_path / "theirs.dat"
+    theirs.write_bytes(b"x" * 4096)
+    mine.cleanup()
+    assert not mine.path.exists() and not marker_path(mine.path).exists()
+    assert theirs.read_bytes() == b"x" * 4096
+    Target(theirs).cleanup()  # not ours: left alone
+    assert theirs.exists()
+
+
+def test_a_file_qual_did_not_create_is_never_written(tmp_path):
+    theirs = tmp_path / "theirs.dat"
+    theirs.write_bytes(os.urandom(4 * MiB))
+    before = sha256_of(theirs)
+    t = Target(theirs)
+    job = t.job(op="write", pattern="sequential", block_size=64 << 10, size=4 * MiB, bytes=MiB)
+    with pytest.raises(TargetUnavailable, match="was not created by qual"):
+        t.prepare(job)
+    assert sha256_of(theirs) == before
+
+
+def test_a_replaced_scratch_file_is_no_longer_qual_s(tmp_path):
+    t = Target(tmp_path / "s.dat")
+    t.ensure_data(MiB)
+    t.path.unlink()
+    t.path.write_bytes(b"user data")  # same name, another file (another inode)
+    assert read_marker(t.path) is None
+    t.cleanup()
+    assert t.path.read_bytes() == b"user data"
+
+
+def test_a_foreign_file_can_be_read_if_it_is_big_enough_and_not_sparse(tmp_path):
+    full = tmp_path / "full.dat"
+    full.write_bytes(os.urandom(2 * MiB))
+    Target(full).ensure_data(2 * MiB)
+    with pytest.raises(TargetUnavailable, match="qual does not extend files it did not create"):
+        Target(full).ensure_data(4 * MiB)
+    sparse = tmp_path / "sparse.dat"
+    with open(sparse, "wb") as f:
+        f.truncate(8 * MiB)
+    with pytest.raises(TargetUnavailable, match="sparse"):
+        Target(sparse).ensure_data(8 * MiB)
+
+
+def test_one_qual_run_at_a_time_per_target(tmp_path):
+    first, second = Target(tmp_path), Target(tmp_path)
+    first.lock()
+    with pytest.raises(TargetUnavailable, match="another qual run holds this target"):
+        second.lock()
+    first.unlock()
+    second.lock()
+    second.unlock()
+    assert not list(tmp_path.glob(".*.lock"))  # qual removes the lock file it made
+
+
+def test_missing_directory_is_refused(tmp_path):
+    with pytest.raises(TargetUnavailable) as e:
+        Target(tmp_path / "absent" / "t.dat")
+    assert e.value.errno == errno.ENOENT
+
+
+def test_file_identity_names_the_device_underneath(tmp_path):
+    t = Target(tmp_path)
+    ident = t.identity
+    assert ident.device and ident.filesystem and ident.mountpoint
+    assert ident.logical_block_size in (512, 4096)
+    assert t.align % ident.logical_block_size == 0
+
+
+def test_device_counters_see_direct_reads(tmp_path):
+    t = Target(tmp_path)
+    t.ensure_data(8 * MiB)
+    before = t.device_stat()
+    if before is None:
+        pytest.skip("no block device under the temporary directory")
+    engine.run_job(t.job(op="read", pattern="sequential", block_size=MiB, size=8 * MiB,
+                         bytes=8 * MiB))
+    delta = t.device_stat().since(before)
+    assert delta["read_bytes"] >= 8 * MiB
+
+
+# ------------------------------------------------------------------ block devices and the guard
+
+
+def write_job(t: Target, size=4 * MiB):
+    return t.job(op="write", pattern="sequential", block_size=64 << 10, size=size, bytes=size)
+
+
+def refused_rules(dev, **kw):
+    t = Target(dev, **kw)
+    before = sha256_of(dev)
+    with pytest.raises(UnsafeTarget) as e:
+        t.prepare(write_job(t))
+    assert sha256_of(dev) == before, "the guard let bytes through"
+    return {r.rule for r in e.value.refusals}, str(e.value)
+
+
+@needs_root
+def test_clean_loop_device_is_written_only_with_both_flags(loop_device):
+    dev = loop_device()
+    serial = Target(dev).identity.serial
+    assert serial and serial.endswith("loop.img")  # a loop device is named by its backing file
+    rules, message = refused_rules(dev)
+    assert rules == {"allow-destructive", "serial"}
+    assert "--qual-allow-destructive" in message and "--qual-confirm-serial" in message
+    assert refused_rules(dev, allow_destructive=True)[0] == {"serial"}
+    assert refused_rules(dev, confirm_serial=serial)[0] == {"allow-destructive"}
+    rules, message = refused_rules(dev, allow_destructive=True, confirm_serial="S0MEOTHER")
+    assert rules == {"serial"} and "not the confirmed 'S0MEOTHER'" in message
+
+    t = Target(dev, allow_destructive=True, confirm_serial=serial)
+    before = sha256_of(dev)
+    job = write_job(t)
+    assert job.exclusive
+    t.prepare(job)
+    engine.run_job(job)
+    assert sha256_of(dev) != before
+
+
+@needs_root
+def test_mounted_loop_device_is_refused_and_untouched(loop_device):
+    dev = loop_device()
+    point = loop_device.mount(dev)
+    serial = Target(dev).identity.serial
+    rules, message = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+    assert rules == {"mounted", "signature"}
+    assert str(point) in message and "ext4" in message
+
+
+@needs_root
+def test_exclusive_open_stops_a_write_even_past_the_guard(loop_device):
+    """The engine's own net: O_EXCL on a mounted block device fails with EBUSY."""
+    dev = loop_device()
+    loop_device.mount(dev)
+    before = sha256_of(dev)
+    job = engine.IoJob(target=dev, op="write", pattern="sequential", block_size=4096,
+                       size=MiB, bytes=MiB, exclusive=True)
+    with pytest.raises(TargetUnavailable) as e:
+        engine.run_job(job)
+    assert e.value.errno == errno.EBUSY
+    assert sha256_of(dev) == before
+
+
+@needs_root
+def test_partitioned_loop_device_is_refused_and_untouched(loop_device):
+    dev = loop_device()
+    part = loop_device.partition(dev)
+    serial = Target(dev).identity.serial
+    rules, message = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+    assert rules == {"partitioned", "signature"}
+    assert os.path.basename(part) in message and "dos partition table" in message
+
+
+@needs_root
+def test_loop_device_with_a_stale_filesystem_signature_is_refused(loop_device):
+    dev = loop_device()
+    sh("mkfs.ext4", "-q", "-F", dev)  # not mounted: only the signature says it holds data
+    serial = Target(dev).identity.serial
+    rules, message = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+    assert rules == {"signature"} and "wipefs" in message
+
+
+@needs_root
+def test_swap_device_is_refused(loop_device):
+    dev = loop_device()
+    sh("mkswap", dev)
+    if subprocess.run(["swapon", dev], capture_output=True).returncode != 0:
+        pytest.skip("swapon is not permitted here")
+    try:
+        serial = Target(dev).identity.serial
+        rules, _ = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+        assert "swap" in rules
+    finally:
+        subprocess.run(["swapoff", dev], capture_output=True)
+
+
+def test_root_filesystem_device_is_refused():
+    """Only the guard's verdict is asked for: this test never writes."""
+    root = os.stat("/").st_dev
+    nodes = [e.path for e in os.scandir("/dev") if stat.S_ISBLK(e.stat().st_mode) and e.stat().st_rdev == root]
+    if not nodes:
+        pytest.skip("the root filesystem has no block device node here (overlay, tmpfs)")
+    dev = nodes[0]
+    t = Target(dev)
+    rules = {r.rule for r in guard_refusals(dev, t.identity, allow_destructive=True,
+                                            confirm_serial=t.identity.serial)}
+    assert "root" in rules and "mounted" in rules

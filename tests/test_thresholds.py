@@ -1,0 +1,225 @@
+"""Profiles: every kind of bad file gives its own `file:key: problem` line; inheritance;
+verdicts in DESIGN §5's words."""
+
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qual import thresholds
+from qual.thresholds import ProfileError, load_profile
+
+GOOD = """
+[profile]
+description = "test class"
+
+[bandwidth]
+size = "64 MiB"
+block_sizes = ["1M", "4K"]
+depths = [32, 1]
+
+[bandwidth.latency]
+block_size = "4K"
+depth = 1
+
+[[bandwidth.criteria]]
+metric = "seq_read_bw"
+params = { bs = "1M", qd = 32 }
+min = 6.0
+unit = "GiB/s"
+source = "D7-PS1010 6.2 GiB/s"
+"""
+
+
+def write(tmp_path, text, name="p.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems(tmp_path, text):
+    with pytest.raises(ProfileError) as e:
+        load_profile(write(tmp_path, text))
+    return str(e.value)
+
+
+def test_good_profile_loads(tmp_path):
+    p = load_profile(write(tmp_path, GOOD))
+    assert p.name == "p" and p.description == "test class"
+    t = p.table("bandwidth")
+    assert t["size"] == 64 << 20 and t["block_sizes"] == [1 << 20, 4096] and t["depths"] == [32, 1]
+    assert t["runtime"] == 10.0 and t["workers"] == 1 and t["backend"] == "auto"  # defaults
+    assert t["latency"] == {"block_size": 4096, "depth": 1, "runtime": 10.0}
+    (c,) = p.criteria
+    assert c.id == "seq_read_bw[bs=1M,qd=32]" and c.min == pytest.approx(6.0 * 2**30)
+    assert c.severity == "normal" and c.origin == "p.toml:bandwidth.criteria[0]"
+
+
+@pytest.mark.parametrize("mutation, expected", [
+    # unknown keys, with a hint when it looks like a typo
+    (('min = 6.0', 'mni = 6.0'), "p.toml:bandwidth.criteria[0].mni: unknown key (did you mean 'min'?)"),
+    (('depths = [32, 1]', 'depths = [32, 1]\nramp = "5 s"'), "p.toml:bandwidth.ramp: unknown key"),
+    (('[profile]', '[profile]\nowner = "me"'), "p.toml:profile.owner: unknown key"),
+    (('[bandwidth]\n', '[bandwith]\nx = 1\n[bandwidth]\n'), "p.toml:bandwith: unknown table"),
+    # units
+    (('unit = "GiB/s"', 'unit = "GiB"'), "p.toml:bandwidth.criteria[0].unit: unit 'GiB' measures size, not bandwidth"),
+    (('unit = "GiB/s"', 'unit = "gigs"'), "p.toml:bandwidth.criteria[0].unit: unknown unit 'gigs'"),
+    (('size = "64 MiB"', 'size = "64 ms"'), "p.toml:bandwidth.size: unit 'ms' measures time, not size"),
+    (('min = 6.0', 'min = "6.0 GiB/s"'), "p.toml:bandwidth.criteria[0].min: '6.0 GiB/s' must be a number (the unit goes in `unit`)"),
+    # negative or zero sizes, depth 0, misaligned or oversized blocks
+    (('size = "64 MiB"', 'size = "-1 MiB"'), "p.toml:bandwidth.size: size '-1 MiB' must be at least"),
+    (('size = "64 MiB"', 'size = 0'), "p.toml:bandwidth.size: size 0 must be at least"),
+    (('depths = [32, 1]', 'depths = [32, 0]'), "p.toml:bandwidth.depths: depths 0 is outside 1..4096"),
+    (('depths = [32, 1]', 'depths = []'), "p.toml:bandwidth.depths: must be a non-empty list"),
+    (('depths = [32, 1]', 'depths = [32, 32]'), "p.toml:bandwidth.depths: lists a value twice"),
+    (('block_sizes = ["1M", "4K"]', 'block_sizes = ["1M", "4K", "128M"]'), "p.toml:bandwidth.block_sizes: 128M is larger than size"),
+    (('block_sizes = ["1M", "4K"]', 'block_sizes = ["1M", "4.5 B"]'), "p.toml:bandwidth.block_sizes: block_sizes '4.5 B' is not a whole number"),
+    (('size = "64 MiB"', 'size = "64 MiB"\nruntime = "0 s"'), "p.toml:bandwidth.runtime: runtime '0 s' must be longer than 0"),
+    (('size = "64 MiB"', 'size = "64 MiB"\nbackend = "aio"'), "p.toml:bandwidth.backend: 'aio' is not one of auto, io_uring, psync"),
+    # criteria
+    (('metric = "seq_read_bw"', 'metric = "seq_read_speed"'), "p.toml:bandwidth.criteria[0].metric: 'seq_read_speed' is not a metric of [bandwidth]"),
+    (('params = { bs = "1M", qd = 32 }', 'params = { bs = "1M" }'), "p.toml:bandwidth.criteria[0].params.qd: missing"),
+    (('params = { bs = "1M", qd = 32 }', 'params = { bs = "1M", qd = 32, jobs = 4 }'), "p.toml:bandwidth.criteria[0].params.jobs: unknown key"),
+    (('params = { bs = "1M", qd = 32 }', 'params = { bs = "2M", qd = 32 }'), "p.toml:bandwidth.criteria[0]: seq_read_bw[bs=2M,qd=32] is not measured with the [bandwidth] parameters of p.toml"),
+    (('source = "D7-PS1010 6.2 GiB/s"', ''), "p.toml:bandwidth.criteria[0].source: missing: cite the figure"),
+    (('min = 6.0', ''), "p.toml:bandwidth.criteria[0]: needs a bound: min, max or both"),
+    (('min = 6.0', 'min = 6.0\nmax = 5.0'), "p.toml:bandwidth.criteria[0]: min 6.0 is above max 5.0"),
+    (('min = 6.0', 'min = -6.0'), "p.toml:bandwidth.criteria[0].min: -6.0 is negative"),
+    (('unit = "GiB/s"', 'unit = "GiB/s"\nseverity = "huge"'), "p.toml:bandwidth.criteria[0].severity: 'huge' is not one of blocker"),
+    (('unit = "GiB/s"', 'unit = "GiB/s"\ntolerance = "five"'), "p.toml:bandwidth.criteria[0].tolerance: 'five' is not a number"),
+    # the profile table
+    (('description = "test class"', ''), "p.toml:profile.description: missing"),
+    (('description = "test class"', 'description = "test class"\nextends = "nowhere"'), "p.toml:profile.extends: no profile 'nowhere'"),
+    (('depths = [32, 1]', 'depths = "32"'), "p.toml:bandwidth.depths: must be a non-empty list"),
+    (('block_sizes = ["1M", "4K"]', ''), "p.toml:bandwidth.block_sizes: missing"),
+    # TOML itself
+    (('[profile]', '[profile'), "p.toml:toml: "),
+])
+def test_each_kind_of_bad_profile_says_where_and_what(tmp_path, mutation, expected):
+    old, new = mutation
+    assert old in GOOD
+    assert expected in problems(tmp_path, GOOD.replace(old, new, 1))
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    text = GOOD.replace('min = 6.0', 'mni = 6.0').replace('size = "64 MiB"', 'size = "64 ms"')
+    message = problems(tmp_path, text)
+    assert "bandwidth.criteria[0].mni" in message and "bandwidth.size" in message
+
+
+def test_duplicate_criterion_is_refused(tmp_path):
+    crit = GOOD[GOOD.index("[[bandwidth.criteria]]"):]
+    assert "is already judged by bandwidth.criteria[0]" in problems(tmp_path, GOOD + crit)
+
+
+def test_extends_inherits_and_overrides(tmp_path):
+    write(tmp_path, GOOD, "base.toml")
+    child = write(tmp_path, """
+        [profile]
+        extends = "base"
+        description = "child class"
+
+        [bandwidth]
+        depths = [32, 8, 1]
+
+        [[bandwidth.criteria]]
+        metric = "seq_read_bw"
+        params = { bs = "1M", qd = 32 }
+        min = 7.0
+        unit = "GiB/s"
+        source = "stricter"
+
+        [[bandwidth.criteria]]
+        metric = "rand_read_lat"
+        params = { bs = "4K", qd = 1, pct = 99.99 }
+        max = 2
+        unit = "ms"
+        source = "proposal"
+        """, "child.toml")
+    p = load_profile(child)
+    t = p.table("bandwidth")
+    assert t["depths"] == [32, 8, 1] and t["size"] == 64 << 20  # overridden, inherited
+    assert [c.id for c in p.criteria] == ["seq_read_bw[bs=1M,qd=32]",
+                                          "rand_read_lat[bs=4K,qd=1,pct=99.99]"]
+    assert p.criteria[0].source == "stricter" and p.criteria[0].file == "child.toml"
+    assert p.files == (child.resolve(), (tmp_path / "base.toml").resolve())
+
+
+def test_extends_cycle_is_refused(tmp_path):
+    write(tmp_path, GOOD.replace('description = "test class"',
+                                 'description = "a"\nextends = "b"'), "a.toml")
+    b = write(tmp_path, GOOD.replace('description = "test class"',
+                                     'description = "b"\nextends = "a"'), "b.toml")
+    with pytest.raises(ProfileError, match="extends itself through b.toml -> a.toml -> b.toml"):
+        load_profile(b)
+
+
+def test_unknown_profile_name_lists_the_shipped_ones():
+    with pytest.raises(ProfileError, match="shipped: .*ci.*gen5-tlc"):
+        load_profile("no-such-profile")
+
+
+def test_shipped_profiles_load_and_cite_their_sources():
+    shipped = {name: path for name, _, path in thresholds.list_profiles()}
+    assert {"ci", "gen5-tlc", "gen4-qlc", "nvme-rig"} <= shipped.keys()
+    for name in shipped:
+        p = load_profile(name)
+        assert all(c.source for c in p.criteria)
+    gen5, gen4 = load_profile("gen5-tlc"), load_profile("gen4-qlc")
+    gib = 2**30
+    assert gen5.criteria_for("seq_read_bw[bs=1M,qd=128]")[0].min == pytest.approx(6.2 * gib)
+    assert gen4.criteria_for("seq_read_bw[bs=1M,qd=128]")[0].min == pytest.approx(4.2 * gib)
+    for qd in (64, 128):  # seed 004: Gen5 gives 2x Gen4 at 128K, depth 64 and 128
+        ident = f"seq_read_bw[bs=128K,qd={qd}]"
+        assert gen5.criteria_for(ident)[0].min == pytest.approx(2 * gen4.criteria_for(ident)[0].min)
+    for p in (gen5, gen4):
+        pcts = {dict(c.params).get("pct") for c in p.criteria if c.metric == "rand_read_lat"}
+        assert {99, 99.99} <= pcts
+
+
+def test_verdict_line_reads_as_design_says(tmp_path):
+    p = load_profile(write(tmp_path, GOOD.replace("min = 6.0", "min = 6.0\nseverity = \"critical\"")))
+    (c,) = p.criteria
+    (fail,) = c.judge(5.81 * 2**30)
+    assert not fail.passed
+    assert fail.line() == ("seq_read_bw[bs=1M,qd=32] = 5.81 GiB/s < min 6 GiB/s (-3.2 %) "
+                           "[p.toml: D7-PS1010 6.2 GiB/s]")
+    (ok,) = c.judge(6.3 * 2**30)
+    assert ok.passed and ok.line().startswith("seq_read_bw[bs=1M,qd=32] = 6.3 GiB/s >= min")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_[]=\"\n .0123456789", max_size=120))
+def test_loader_never_crashes_on_garbage(tmp_path_factory, junk):
+    """Any text is either a profile or a ProfileError; never an unexplained exception."""
+    path = tmp_path_factory.mktemp("junk") / "j.toml"
+    path.write_text(junk)
+    try:
+        load_profile(path)
+    except ProfileError as e:
+        assert all(f and k and p for f, k, p in e.problems)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.sampled_from(["size", "runtime", "workers", "depths", "block_sizes",
+                                        "patterns", "backend", "bogus"]),
+                       st.one_of(st.integers(-5, 10**10), st.text(max_size=8),
+                                 st.lists(st.integers(-2, 5000), max_size=3),
+                                 st.lists(st.sampled_from(["1M", "4K", "0", "x"]), max_size=3)),
+                       max_size=6))
+def test_loader_validates_any_bandwidth_table(tmp_path_factory, table):
+    import json
+
+    lines = [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    text = '[profile]\ndescription = "x"\n[bandwidth]\n' + "\n".join(lines) + "\n"
+    path = tmp_path_factory.mktemp("tbl") / "t.toml"
+    path.write_text(text)
+    try:
+        p = load_profile(path)
+    except ProfileError as e:
+        assert all(k.startswith(("bandwidth", "profile", "toml")) for _, k, _ in e.problems)
+    else:
+        t = p.table("bandwidth")
+        assert t["size"] >= 4096 and all(1 <= d <= 4096 for d in t["depths"])
+        assert all(0 < bs <= t["size"] for bs in t["block_sizes"])
