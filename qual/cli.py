@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     io.add_argument("--bs", type=_size, default=4096, help="block size (4k, 128K, 1M)")
     io.add_argument("--iodepth", type=_positive, default=1, help="I/Os in flight per job")
     io.add_argument("--numjobs", type=_positive, default=1, help="workers (threads)")
+    io.add_argument("--iodepth_batch_submit", "--iodepth_batch", dest="submit_batch", type=int,
+                    default=1, help="I/Os per submission syscall, 0 for all ready (fio's "
+                                    "default 1: each I/O at once)")
     io.add_argument("--size", type=_size, default=1 << 30,
                     help="region size; without --runtime also the bytes to move (default 1G)")
     io.add_argument("--offset", type=_size, default=None, help="region start (default 0)")
@@ -108,7 +111,8 @@ def cmd_io(args) -> int:
     target = Target(args.target, allow_destructive=args.allow_destructive,
                     confirm_serial=args.confirm_serial)
     job = target.job(op=op, pattern=pattern, block_size=args.bs, queue_depth=args.iodepth,
-                     workers=args.numjobs, offset=args.offset or 0, size=args.size,
+                     workers=args.numjobs, submit_batch=args.submit_batch,
+                     offset=args.offset or 0, size=args.size,
                      bytes=0 if args.runtime else args.size, runtime=args.runtime or 0.0,
                      seed=args.seed, backend=args.engine, direct=bool(args.direct))
     target.lock()

@@ -253,6 +253,7 @@ class IoJob:
     size: int
     queue_depth: int = 1
     workers: int = 1
+    submit_batch: int = 1  # io_uring: I/Os per submission syscall (0: all ready); fio's default
     offset: int = 0
     bytes: int = 0  # bound: total bytes (0: none)
     runtime: float = 0.0  # bound: seconds (0: none)
@@ -289,6 +290,8 @@ class IoJob:
             return f"verify needs a block size that is a multiple of {PATTERN_UNIT}"
         if not 1 <= self.queue_depth <= MAX_QUEUE_DEPTH:
             return f"queue depth {self.queue_depth} is outside 1..{MAX_QUEUE_DEPTH}"
+        if not 0 <= self.submit_batch <= self.queue_depth:
+            return f"submit batch {self.submit_batch} is outside 0..queue depth {self.queue_depth}"
         if not 1 <= self.workers <= MAX_WORKERS:
             return f"workers {self.workers} is outside 1..{MAX_WORKERS}"
         if self.size < self.block_size:
@@ -374,6 +377,8 @@ def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0
     outcome: list[int] = []
     worker = threading.Thread(target=lambda: outcome.append(lib.qual_job_run(cjob, ctl, res)),
                               name="qual-job", daemon=True)
+    # the engine reads these until it returns, even if a second Ctrl-C abandons the join
+    worker.engine_memory = (cjob, ctl, res, keep)
     started = time.monotonic()
     worker.start()
     try:
@@ -388,7 +393,6 @@ def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0
         ctl.cancel = 1
         worker.join()
         raise
-    del keep
     if res.error:
         offset = int(res.error_offset) if res.error_op >= 0 else None
         op = OPS[res.error_op] if res.error_op >= 0 else None
@@ -420,6 +424,7 @@ def _fill_job(cjob, job: IoJob) -> list:
     cjob.block_size = job.block_size
     cjob.queue_depth = job.queue_depth
     cjob.workers = job.workers
+    cjob.submit_batch = job.submit_batch
     cjob.align = job.align
     cjob.offset = job.offset
     cjob.size = job.size

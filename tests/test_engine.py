@@ -116,6 +116,14 @@ def test_write_data_is_incompressible_and_unique_per_block(tmp_path):
 # ------------------------------------------------------------------ bounds, results
 
 
+@pytest.mark.parametrize("batch", [0, 1, 3, 8])
+def test_every_submission_batch_reads_the_right_data(pattern_file, batch):
+    path = pattern_file(4 * MiB, seed=13)
+    res = run_job(job(path, pattern="random", queue_depth=8, submit_batch=batch, verify=True,
+                      seed=13, bytes=8 * MiB, block_size=16 << 10))
+    assert res.bytes == 8 * MiB
+
+
 def test_bytes_bound_is_exact(pattern_file):
     res = run_job(job(pattern_file(8 * MiB), bytes=3 * MiB, queue_depth=4))
     assert res.bytes == 3 * MiB and res.ops == 48 and res.latency.count == 48
@@ -158,6 +166,7 @@ def test_result_fields_are_consistent(pattern_file):
     (dict(offset=100), "offset 100"),
     (dict(queue_depth=0), "queue depth 0"),
     (dict(workers=0), "workers 0"),
+    (dict(submit_batch=9, queue_depth=8), "submit batch 9"),
     (dict(bytes=0, runtime=0), "no bound"),
     (dict(op="trim"), "op 'trim'"),
     (dict(size=1000), "holds no"),

@@ -104,6 +104,8 @@ struct qual_job {
     uint32_t block_size;      /* bytes per I/O, a multiple of align */
     uint32_t queue_depth;     /* I/Os in flight per worker */
     uint32_t workers;         /* threads, one ring (or one pool of queue_depth threads) each */
+    uint32_t submit_batch;    /* io_uring: I/Os per submission syscall (0: all that are ready);
+                                 1, fio's iodepth_batch_submit default, submits each at once */
     uint32_t align;           /* offset and length alignment: the target's logical block size */
     uint64_t offset;          /* region start, a multiple of align */
     uint64_t size;            /* region size */

@@ -142,6 +142,9 @@ static int validate(const struct qual_job *job)
     if (job->queue_depth == 0 || job->queue_depth > MAX_DEPTH)
         return qual_set_error(-EINVAL, "queue depth %u is outside 1..%u", job->queue_depth,
                               MAX_DEPTH);
+    if (job->submit_batch > job->queue_depth)
+        return qual_set_error(-EINVAL, "submit batch %u is above the queue depth %u",
+                              job->submit_batch, job->queue_depth);
     if (job->workers == 0 || job->workers > MAX_WORKERS)
         return qual_set_error(-EINVAL, "workers %u is outside 1..%u", job->workers, MAX_WORKERS);
     if (job->bytes == 0 && job->runtime_ns == 0)

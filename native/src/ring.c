@@ -2,7 +2,6 @@
  * worker's descriptor and buffers registered with the kernel, fixed-buffer reads and writes. */
 #include <errno.h>
 #include <linux/io_uring.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -21,9 +20,6 @@
 #ifndef IORING_SETUP_DEFER_TASKRUN
 #define IORING_SETUP_DEFER_TASKRUN (1U << 13)
 #endif
-
-/* Waits for completions give up after this long, so a cancel is seen within about 0.1 s. */
-#define WAIT_SLICE_NS 100000000L
 
 struct slot {
     uint64_t off;
@@ -256,6 +252,21 @@ static void queue_io(struct ring_state *rs, int op, unsigned slot, uint32_t len)
     sl->t_submit = now_ns();
 }
 
+/* SQEs queued but not yet taken by the kernel */
+static unsigned pending(const struct ring_state *rs)
+{
+    return rs->sq_local_tail - __atomic_load_n(rs->sq_head, __ATOMIC_ACQUIRE);
+}
+
+/* Hand the queued SQEs to the kernel without waiting for completions. */
+static void submit(struct jobrun *run, struct ring_state *rs, int op)
+{
+    __atomic_store_n(rs->sq_tail, rs->sq_local_tail, __ATOMIC_RELEASE);
+    int ret = sys_enter(rs->fd, pending(rs), 0, 0, NULL, 0);
+    if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY)
+        job_fail(run, -errno, op, 0, "io_uring_enter: %s", strerror(errno));
+}
+
 int ring_run(struct stream *s, struct ring_state *rs)
 {
     struct jobrun *run = s->run;
@@ -265,12 +276,7 @@ int ring_run(struct stream *s, struct ring_state *rs)
     unsigned inflight = 0;
     int draining = 0;
 
-    struct __kernel_timespec slice = {0, WAIT_SLICE_NS};
-    struct io_uring_getevents_arg arg;
-    memset(&arg, 0, sizeof(arg));
-    arg.sigmask_sz = _NSIG / 8;
-    arg.ts = (uint64_t)(uintptr_t)&slice;
-    const int ext_arg = (rs->features & IORING_FEAT_EXT_ARG) != 0;
+    const unsigned batch = job->submit_batch;
 
     for (;;) {
         while (!draining && inflight < rs->depth) {
@@ -285,22 +291,20 @@ int ring_run(struct stream *s, struct ring_state *rs)
                 job_prepare_write(s, rs->slots[slot].buf, off);
             queue_io(rs, op, slot, len);
             inflight++;
+            /* a full batch goes to the kernel at once, without waiting; the last one of the
+             * round goes with the wait below */
+            if (batch && inflight < rs->depth && pending(rs) >= batch)
+                submit(run, rs, op);
         }
         if (inflight == 0)
             break;
         __atomic_store_n(rs->sq_tail, rs->sq_local_tail, __ATOMIC_RELEASE);
-        unsigned to_submit = rs->sq_local_tail - __atomic_load_n(rs->sq_head, __ATOMIC_ACQUIRE);
+        unsigned to_submit = pending(rs);
         unsigned ready = __atomic_load_n(rs->cq_tail, __ATOMIC_ACQUIRE) - *rs->cq_head;
-        unsigned flags = IORING_ENTER_GETEVENTS;
-        void *argp = NULL;
-        size_t argsz = 0;
-        if (ext_arg) {
-            flags |= IORING_ENTER_EXT_ARG;
-            argp = &arg;
-            argsz = sizeof(arg);
-        }
-        int ret = sys_enter(rs->fd, to_submit, ready ? 0 : 1, flags, argp, argsz);
-        if (ret < 0 && errno != EINTR && errno != ETIME && errno != EAGAIN && errno != EBUSY) {
+        /* Waiting has no timeout: an in-flight I/O must come back before its buffer can be
+         * reused or freed, so a cancel or a deadline is acted on at the next completion. */
+        int ret = sys_enter(rs->fd, to_submit, ready ? 0 : 1, IORING_ENTER_GETEVENTS, NULL, 0);
+        if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
             job_fail(run, -errno, op, 0, "io_uring_enter: %s", strerror(errno));
             /* the kernel still owns what it accepted: keep reaping until it is back */
             draining = 1;

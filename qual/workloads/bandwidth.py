@@ -49,6 +49,8 @@ FIELDS = (
           help="queue depths, e.g. [128, 32, 1]"),
     Field("patterns", "choices", default=list(PATTERNS), choices=tuple(PATTERNS)),
     Field("backend", "choice", default="auto", choices=BACKENDS),
+    Field("submit_batch", "count", default=1, minimum=0, maximum=engine.MAX_QUEUE_DEPTH,
+          help="I/Os per io_uring submission (0: all ready; 1: each at once, as fio does)"),
     Field("latency", "table", fields=(
         Field("block_size", "size", default="4K"),
         Field("depth", "count", default=1, maximum=engine.MAX_QUEUE_DEPTH),
@@ -120,8 +122,8 @@ def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int,
          seed: int, progress: Progress | None) -> tuple[IoResult, dict]:
     size = table["size"]
     job = target.job(op=op, pattern=layout, block_size=bs, queue_depth=qd,
-                     workers=table["workers"], size=size, runtime=runtime,
-                     backend=table["backend"], seed=seed)
+                     workers=table["workers"], submit_batch=min(table["submit_batch"], qd),
+                     size=size, runtime=runtime, backend=table["backend"], seed=seed)
     target.prepare(job)
     before = target.device_stat()
     result = engine.run_job(job, progress=progress)
