@@ -10,9 +10,11 @@ error raised by the body is left alone, so Allure shows it as broken, not failed
 from __future__ import annotations
 
 import errno
+import json
 import time
 from pathlib import Path
 
+import allure
 import pytest
 
 from qual import engine, report, thresholds
@@ -119,8 +121,6 @@ class Recorder:
         self.session.measurements.extend(measurements)
 
     def attach(self, name: str, body, kind: str = "png") -> None:
-        import allure
-
         types = {"png": allure.attachment_type.PNG, "json": allure.attachment_type.JSON,
                  "text": allure.attachment_type.TEXT}
         allure.attach(body, name=name, attachment_type=types[kind])
@@ -128,10 +128,6 @@ class Recorder:
     def finish(self) -> None:
         """Judge, record and label everything, then fail once if any check failed."""
         __tracebackhide__ = True
-        import json
-
-        import allure
-
         profile, baseline = self.session.profile, self.session.baseline
         verdicts, regressions, unresolved, severities = [], [], [], []
         for m in self.measurements:
@@ -279,12 +275,11 @@ class QualSession:
 
     # ---- hooks (registered as a plugin object)
 
-    @pytest.hookimpl(tryfirst=True)  # before xdist turns the markers into group names
-    def pytest_collection_modifyitems(self, items):
-        group = f"{DRIVE_GROUP}{self.target_spec or DEFAULT_TARGET}"
-        for item in items:
-            if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
-                item.add_marker(pytest.mark.xdist_group(name=group))
+    def pytest_itemcollected(self, item):
+        # marked as each item is collected, so the mark is there before any
+        # pytest_collection_modifyitems (xdist's turns it into the group name)
+        if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.target_spec or DEFAULT_TARGET}"))
 
     def pytest_runtest_logreport(self, report):
         if not self.controller:

@@ -130,7 +130,7 @@ def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int,
     after = target.device_stat()
     device = after.since(before) if before and after else None
     checked = honesty.check_io(result, device, target.identity)
-    context = {"backend": result.backend, "rw": job.rw, "bs": bs, "qd": qd,
+    context = {"target": job.target, "backend": result.backend, "rw": job.rw, "bs": bs, "qd": qd,
                "workers": job.workers, "bytes": result.bytes, "ops": result.ops,
                "elapsed_s": result.elapsed, "cpu_s": result.cpu, "region_bytes": size,
                "latency_ns": result.latency.summary(), **checked}
