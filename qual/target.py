@@ -477,11 +477,14 @@ class Target:
             self._check_foreign_file(size)
             return
         if marker is None:
-            if self._default:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            os.close(fd)
-            write_marker(self.path, 0)
+            try:
+                if self._default:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                write_marker(self.path, 0)
+            except OSError as e:
+                raise TargetUnavailable(e.errno, f"cannot create qual's scratch file: "
+                                        f"{e.strerror}", target=self.spec) from None
             marker = read_marker(self.path)
         written = marker["written"]
         if written >= size:

@@ -12,7 +12,7 @@ from qual import engine
 from qual.engine import TargetUnavailable
 from qual.target import DEFAULT_TARGET, SCRATCH_NAME, Target, UnsafeTarget, guard_refusals, \
     marker_path, read_marker
-from testbed import needs_root, sh, sha256_of
+from testbed import IS_ROOT, needs_root, sh, sha256_of
 
 MiB = 1 << 20
 
@@ -105,6 +105,19 @@ def test_one_qual_run_at_a_time_per_target(tmp_path):
     assert not list(tmp_path.glob(".*.lock"))  # qual removes the lock file it made
 
 
+def test_a_read_only_directory_is_a_target_error(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    sh("mount", "--bind", "-o", "ro", str(ro), str(ro)) if IS_ROOT else ro.chmod(0o500)
+    try:
+        with pytest.raises(TargetUnavailable, match="cannot create qual's scratch file") as e:
+            Target(ro).ensure_data(MiB)
+        assert e.value.errno in (errno.EROFS, errno.EACCES)
+    finally:
+        if IS_ROOT:
+            sh("umount", str(ro))
+
+
 def test_missing_directory_is_refused(tmp_path):
     with pytest.raises(TargetUnavailable) as e:
         Target(tmp_path / "absent" / "t.dat")
@@ -136,6 +149,12 @@ def test_device_counters_see_direct_reads(tmp_path):
 
 def write_job(t: Target, size=4 * MiB):
     return t.job(op="write", pattern="sequential", block_size=64 << 10, size=size, bytes=size)
+
+
+def refused_despite_both_flags(dev):
+    """The rules that refuse a write even with --qual-allow-destructive and the right serial."""
+    serial = Target(dev).identity.serial
+    return refused_rules(dev, allow_destructive=True, confirm_serial=serial)
 
 
 def refused_rules(dev, **kw):
@@ -173,8 +192,7 @@ def test_clean_loop_device_is_written_only_with_both_flags(loop_device):
 def test_mounted_loop_device_is_refused_and_untouched(loop_device):
     dev = loop_device()
     point = loop_device.mount(dev)
-    serial = Target(dev).identity.serial
-    rules, message = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+    rules, message = refused_despite_both_flags(dev)
     assert rules == {"mounted", "signature"}
     assert str(point) in message and "ext4" in message
 
@@ -197,8 +215,7 @@ def test_exclusive_open_stops_a_write_even_past_the_guard(loop_device):
 def test_partitioned_loop_device_is_refused_and_untouched(loop_device):
     dev = loop_device()
     part = loop_device.partition(dev)
-    serial = Target(dev).identity.serial
-    rules, message = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+    rules, message = refused_despite_both_flags(dev)
     assert rules == {"partitioned", "signature"}
     assert os.path.basename(part) in message and "dos partition table" in message
 
@@ -207,8 +224,7 @@ def test_partitioned_loop_device_is_refused_and_untouched(loop_device):
 def test_loop_device_with_a_stale_filesystem_signature_is_refused(loop_device):
     dev = loop_device()
     sh("mkfs.ext4", "-q", "-F", dev)  # not mounted: only the signature says it holds data
-    serial = Target(dev).identity.serial
-    rules, message = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+    rules, message = refused_despite_both_flags(dev)
     assert rules == {"signature"} and "wipefs" in message
 
 
@@ -219,8 +235,7 @@ def test_swap_device_is_refused(loop_device):
     if subprocess.run(["swapon", dev], capture_output=True).returncode != 0:
         pytest.skip("swapon is not permitted here")
     try:
-        serial = Target(dev).identity.serial
-        rules, _ = refused_rules(dev, allow_destructive=True, confirm_serial=serial)
+        rules, _ = refused_despite_both_flags(dev)
         assert "swap" in rules
     finally:
         subprocess.run(["swapoff", dev], capture_output=True)

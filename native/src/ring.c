@@ -258,13 +258,14 @@ static unsigned pending(const struct ring_state *rs)
     return rs->sq_local_tail - __atomic_load_n(rs->sq_head, __ATOMIC_ACQUIRE);
 }
 
-/* Hand the queued SQEs to the kernel without waiting for completions. */
-static void submit(struct jobrun *run, struct ring_state *rs, int op)
+/* Hand the queued SQEs to the kernel without waiting for completions; 0 or -errno. */
+static int submit(struct jobrun *run, struct ring_state *rs, int op)
 {
     __atomic_store_n(rs->sq_tail, rs->sq_local_tail, __ATOMIC_RELEASE);
     int ret = sys_enter(rs->fd, pending(rs), 0, 0, NULL, 0);
     if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY)
-        job_fail(run, -errno, op, 0, "io_uring_enter: %s", strerror(errno));
+        return job_fail(run, -errno, op, 0, "io_uring_enter: %s", strerror(errno));
+    return 0;
 }
 
 int ring_run(struct stream *s, struct ring_state *rs)
@@ -273,10 +274,10 @@ int ring_run(struct stream *s, struct ring_state *rs)
     const struct qual_job *job = run->job;
     const int op = job->op;
     const uint32_t len = job->block_size;
-    unsigned inflight = 0;
-    int draining = 0;
-
     const unsigned batch = job->submit_batch;
+    unsigned inflight = 0;  /* queued in the ring or with the kernel */
+    int draining = 0;
+    int submit_failed = 0; /* after a hard io_uring_enter error only wait for what was taken */
 
     for (;;) {
         while (!draining && inflight < rs->depth) {
@@ -293,23 +294,26 @@ int ring_run(struct stream *s, struct ring_state *rs)
             inflight++;
             /* a full batch goes to the kernel at once, without waiting; the last one of the
              * round goes with the wait below */
-            if (batch && inflight < rs->depth && pending(rs) >= batch)
-                submit(run, rs, op);
+            if (batch && inflight < rs->depth && pending(rs) >= batch && submit(run, rs, op)) {
+                submit_failed = 1;
+                draining = 1;
+            }
         }
         if (inflight == 0)
             break;
         __atomic_store_n(rs->sq_tail, rs->sq_local_tail, __ATOMIC_RELEASE);
-        unsigned to_submit = pending(rs);
+        if (submit_failed && inflight == pending(rs))
+            break; /* everything the kernel took is back; the rest was never submitted */
+        unsigned to_submit = submit_failed ? 0 : pending(rs);
         unsigned ready = __atomic_load_n(rs->cq_tail, __ATOMIC_ACQUIRE) - *rs->cq_head;
         /* Waiting has no timeout: an in-flight I/O must come back before its buffer can be
          * reused or freed, so a cancel or a deadline is acted on at the next completion. */
         int ret = sys_enter(rs->fd, to_submit, ready ? 0 : 1, IORING_ENTER_GETEVENTS, NULL, 0);
         if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
             job_fail(run, -errno, op, 0, "io_uring_enter: %s", strerror(errno));
-            /* the kernel still owns what it accepted: keep reaping until it is back */
+            /* the kernel still owns what it took: keep reaping until it is back */
+            submit_failed = 1;
             draining = 1;
-            if (to_submit == inflight)
-                break; /* nothing was accepted */
         }
 
         unsigned head = *rs->cq_head;
