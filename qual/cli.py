@@ -1,5 +1,6 @@
-"""The `qual` command: `io` runs one job with fio-like flags, `run` runs the suites (a thin
-wrapper over pytest), `profiles` lists the shipped profiles, `clean` removes qual's scratch."""
+"""The `qual` command: `io` runs one job with fio-like flags, `checkpoint` writes and restores
+LLM checkpoints, `run` runs the suites (a thin wrapper over pytest), `profiles` lists the
+shipped profiles, `clean` removes what qual made on a target."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from qual import engine, shipped, units
 from qual.engine import QualError
 from qual.record import RECORD_NAME
 from qual.target import Target
+from qual.thresholds import ProfileError, family_table
+from qual.workloads import checkpoint
+from qual.workloads.checkpoint.plan import MODELS, RECIPES, describe
 
 RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
       "write": ("write", "sequential"), "randwrite": ("write", "random")}
@@ -75,6 +79,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--results", default="qual-results",
                      help="folder for qual-run.json and allure-results/ (default qual-results)")
 
+    ck = sub.add_parser("checkpoint", help="write (and restore) LLM checkpoints",
+                        description="Write LLM checkpoints DLIO-style with the native engine, "
+                                    "one process per rank; restore and verify the last one.")
+    ck.add_argument("--target", default=None, help="a directory on the drive (default: .qual/)")
+    ck.add_argument("--model", default="llama3.1-8b", choices=sorted(MODELS))
+    ck.add_argument("--recipe", default="mixed-adam", choices=sorted(RECIPES))
+    ck.add_argument("--tp", type=_positive, default=1, help="tensor-parallel ranks")
+    ck.add_argument("--pp", type=_positive, default=1, help="pipeline-parallel ranks")
+    ck.add_argument("--dp", type=_positive, default=1, help="data-parallel ranks")
+    ck.add_argument("--zero", type=int, choices=(0, 1, 3), default=0, help="ZeRO stage")
+    ck.add_argument("--scale", type=float, default=1.0, help="shrink every tensor (0 < s <= 1)")
+    ck.add_argument("--ranks", type=int, default=0,
+                    help="processes on this host (default: every rank of the layout)")
+    ck.add_argument("--count", type=_positive, default=1, help="checkpoints to write")
+    ck.add_argument("--restore", action="store_true", help="restore and verify the last one")
+    ck.add_argument("--baseline", action="store_true",
+                    help="also time torch.save and torch.load of the same tensors")
+    ck.add_argument("--keep", type=_positive, default=2, help="checkpoints kept (default 2)")
+    ck.add_argument("--plan", action="store_true",
+                    help="print every rank's size and the arithmetic, and stop")
+    ck.add_argument("--json", action="store_true", help="print a JSON document")
+    ck.add_argument("--seed", type=int, default=1)
+
     sub.add_parser("profiles", help="list the shipped profiles")
 
     clean = sub.add_parser("clean", help="remove the scratch file qual created on a target")
@@ -90,12 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "io":
             return cmd_io(args)
+        if args.command == "checkpoint":
+            return cmd_checkpoint(args)
         if args.command == "run":
             return cmd_run(args, extra)
         if args.command == "profiles":
             return cmd_profiles()
         if args.command == "clean":
-            Target(args.target).cleanup()
+            target = Target(args.target)
+            target.cleanup()
+            checkpoint.remove(target)
             return 0
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
@@ -152,6 +183,63 @@ def human_line(result: engine.IoResult) -> str:
             f"lat p50 {us['p50']} p99 {us['p99']} p99.99 {us['p99.99']} max {us['max']}, "
             f"cpu {result.cpu:.2f} s ({units.format_quantity(result.cpu_per_io, 'us')}/IO), "
             f"{units.format_size(result.bytes)} in {result.elapsed:.2f} s")
+
+
+def cmd_checkpoint(args) -> int:
+    given = {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
+             "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
+             "passes": 1, "per_pass": args.count, "retention": args.keep,
+             "restore": args.restore, "baseline": args.baseline}
+    try:
+        table = family_table(checkpoint.NAME, given)
+    except ProfileError as e:
+        for _, key, problem in e.problems:
+            print(f"qual checkpoint: error: --{key.split('.')[-1]}: {problem}", file=sys.stderr)
+        return 2
+    if args.plan:
+        print(describe(checkpoint.plan_of(table)))
+        return 0
+    target = Target(args.target)
+    target.lock()
+    try:
+        result = checkpoint.run(target, table, seed=args.seed)
+    finally:
+        target.unlock()
+    doc = checkpoint_document(result)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        gb = doc["bytes"] / 1e9
+        for i, s in enumerate(doc["write_s"], 1):
+            print(f"checkpoint {i}: {gb:.3f} GB in {s:.2f} s ({gb / s:.2f} GB/s) [{doc['backend']}]")
+        if args.restore:
+            print(f"restore: {doc['restore_s']:.2f} s ({doc['restore_bw_bytes'] / 1e9:.2f} GB/s), "
+                  f"verified: {doc['verified']}" + "".join(f"\n  {e}" for e in doc["restore_errors"]))
+        if args.baseline:
+            print(f"torch.save + fsync: {doc['torch_save_bw_bytes'] / 1e9:.2f} GB/s, "
+                  f"torch.load: {doc['torch_load_bw_bytes'] / 1e9:.2f} GB/s")
+        print(f"kept in {doc['store']}: {', '.join(doc['kept'])}")
+    return 0 if not args.restore or doc["verified"] else 1
+
+
+def checkpoint_document(result: dict) -> dict:
+    """The `qual checkpoint --json` document."""
+    cps = result["checkpoints"]
+    size = cps[0]["bytes"] if cps else 0
+    seconds = [c["seconds"] for c in cps]
+    doc = {"bytes": size, "ranks": result["world"], "plan": result["plan"],
+           "backend": cps[0]["backend"] if cps else None, "write_s": seconds,
+           "write_bw_bytes": size * len(seconds) / sum(seconds) if seconds else 0.0,
+           "store": result["store"], "kept": result["kept"]}
+    r = result["restore"]
+    if r:
+        doc.update(restore_s=r["seconds"], restore_bw_bytes=r["bytes"] / r["seconds"]
+                   if r["bytes"] else 0.0, verified=r["intact"], restore_errors=r["errors"])
+    t = result["torch"]
+    if t:
+        doc.update(torch_save_bw_bytes=t["bytes"] / t["save_s"],
+                   torch_load_bw_bytes=t["bytes"] / t["load_s"])
+    return doc
 
 
 def cmd_run(args, extra: list[str]) -> int:

@@ -364,21 +364,15 @@ class IoResult:
 Progress = Callable[[int, int, float], None]
 
 
-def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0.5) -> IoResult:
-    """Run a job to its bound. Ctrl-C cancels it (within about a second) and re-raises.
-
-    The engine call runs on a helper thread so that the main thread stays free to notice
-    Ctrl-C and to report progress(bytes_done, ops_done, seconds) every `interval`.
-    """
-    cjob = ffi.new("struct qual_job *")
-    keep = _fill_job(cjob, job)
-    ctl = ffi.new("struct qual_ctl *")
-    res = ffi.new("struct qual_result *")
+def _call(call, ctl, keep, progress: Progress | None, interval: float) -> int:
+    """Run a long engine call on a helper thread, so that the main thread stays free to notice
+    Ctrl-C (which cancels the call through ctl, then re-raises) and to report
+    progress(bytes_done, ops_done, seconds) every `interval`."""
     outcome: list[int] = []
-    worker = threading.Thread(target=lambda: outcome.append(lib.qual_job_run(cjob, ctl, res)),
-                              name="qual-job", daemon=True)
+    worker = threading.Thread(target=lambda: outcome.append(call()), name="qual-engine",
+                              daemon=True)
     # the engine reads these until it returns, even if a second Ctrl-C abandons the join
-    worker.engine_memory = (cjob, ctl, res, keep)
+    worker.engine_memory = (ctl, keep)
     started = time.monotonic()
     worker.start()
     try:
@@ -393,12 +387,25 @@ def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0
         ctl.cancel = 1
         worker.join()
         raise
+    return outcome[0]
+
+
+def _raise_result(res, target: str, default_op: str | None) -> None:
     if res.error:
+        op = OPS[res.error_op] if res.error_op >= 0 else default_op
         offset = int(res.error_offset) if res.error_op >= 0 else None
-        op = OPS[res.error_op] if res.error_op >= 0 else None
-        raise error_for(-res.error)(
-            -res.error, ffi.string(res.error_msg).decode(errors="replace"),
-            op=op or job.op, offset=offset, target=job.target)
+        raise error_for(-res.error)(-res.error, ffi.string(res.error_msg).decode(errors="replace"),
+                                    op=op, offset=offset, target=target)
+
+
+def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0.5) -> IoResult:
+    """Run a job to its bound. Ctrl-C cancels it (within about a second) and re-raises."""
+    cjob = ffi.new("struct qual_job *")
+    keep = _fill_job(cjob, job)
+    ctl = ffi.new("struct qual_ctl *")
+    res = ffi.new("struct qual_result *")
+    _call(lambda: lib.qual_job_run(cjob, ctl, res), ctl, (cjob, res, keep), progress, interval)
+    _raise_result(res, job.target, job.op)
     return IoResult(
         job=job,
         backend=_BACKEND_NAME[res.backend],
@@ -434,18 +441,124 @@ def _fill_job(cjob, job: IoJob) -> list:
     keep = [path]
     if job.faults:
         faults = ffi.new("struct qual_fault[]", len(job.faults))
-        for cf, f in zip(faults, job.faults):
-            cf.op = -1 if f.op is None else _OP_CODE[f.op]
-            cf.error = f.error
-            cf.offset_lo, cf.offset_hi = f.offset_lo, f.offset_hi
-            cf.every, cf.limit, cf.short_bytes = f.every, f.limit, f.short_bytes
-            cf.delay_ns = int(f.delay * 1e9)
+        _fill_faults(faults, job.faults)
         cjob.faults, cjob.nfaults = faults, len(job.faults)
         keep.append(faults)
     return keep
 
 
+def _fill_faults(cfaults, faults) -> None:
+    for cf, f in zip(cfaults, faults):
+        cf.op = -1 if f.op is None else _OP_CODE[f.op]
+        cf.error = f.error
+        cf.offset_lo, cf.offset_hi = f.offset_lo, f.offset_hi
+        cf.every, cf.limit, cf.short_bytes = f.every, f.limit, f.short_bytes
+        cf.delay_ns = int(f.delay * 1e9)
+
+
+# ------------------------------------------------------------------ checkpoint files
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """What writing or reading one checkpoint file took (a write includes fdatasync)."""
+
+    path: str
+    backend: str
+    bytes: int
+    elapsed: float
+    sync: float
+    cpu_user: float
+    cpu_sys: float
+
+    @property
+    def bandwidth(self) -> float:
+        return self.bytes / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def _ckpt_file(path: str, spans, file_size: int, crcs, *, chunk_size: int, queue_depth: int,
+               align: int, backend: str, direct: bool, faults, writable: bool):
+    cf = ffi.new("struct qual_ckpt_file *")
+    cpath = ffi.new("char[]", os.fsencode(path))
+    cspans = ffi.new("struct qual_span[]", max(1, len(spans)))
+    views = []
+    for cs, (offset, buf) in zip(cspans, spans):
+        view = ffi.from_buffer(buf, require_writable=writable)
+        views.append(view)
+        cs.data = ffi.cast("void *", view)
+        cs.offset = offset
+        cs.nbytes = len(view)
+    cf.path, cf.backend, cf.direct, cf.align = cpath, _BACKEND_CODE[backend], int(direct), align
+    cf.chunk_size, cf.queue_depth, cf.file_size = chunk_size, queue_depth, file_size
+    cf.spans, cf.nspans = cspans, len(spans)
+    cf.crcs, cf.ncrcs = crcs, len(crcs)
+    keep = [cpath, cspans, views, crcs]
+    if faults:
+        cfaults = ffi.new("struct qual_fault[]", len(faults))
+        _fill_faults(cfaults, faults)
+        cf.faults, cf.nfaults = cfaults, len(faults)
+        keep.append(cfaults)
+    return cf, keep
+
+
+def chunk_count(file_size: int, chunk_size: int) -> int:
+    return -(-file_size // chunk_size)
+
+
+def _file_result(res, path: str) -> FileResult:
+    return FileResult(path=path, backend=_BACKEND_NAME[res.backend], bytes=int(res.bytes),
+                      elapsed=res.elapsed_ns / 1e9, sync=res.sync_ns / 1e9,
+                      cpu_user=res.cpu_user_s, cpu_sys=res.cpu_sys_s)
+
+
+def write_checkpoint_file(path: str, spans, file_size: int, *, chunk_size: int = 8 << 20,
+                          queue_depth: int = 8, align: int = 4096, backend: str = "auto",
+                          direct: bool = True, faults=(), progress: Progress | None = None
+                          ) -> tuple[list[int], FileResult]:
+    """Create `path` holding each (offset, buffer) span at its offset, zeros between, written
+    in chunks with a CRC32C each and made durable. Returns the chunk CRCs and the timing."""
+    crcs = ffi.new("uint32_t[]", chunk_count(file_size, chunk_size))
+    cf, keep = _ckpt_file(path, spans, file_size, crcs, chunk_size=chunk_size,
+                          queue_depth=queue_depth, align=align, backend=backend, direct=direct,
+                          faults=faults, writable=False)
+    ctl, res = ffi.new("struct qual_ctl *"), ffi.new("struct qual_ckpt_result *")
+    _call(lambda: lib.qual_ckpt_write(cf, ctl, res), ctl, (cf, res, keep), progress, 0.5)
+    _raise_result(res, path, "write")
+    return list(crcs), _file_result(res, path)
+
+
+def read_checkpoint_file(path: str, spans, file_size: int, crcs, *, chunk_size: int = 8 << 20,
+                         queue_depth: int = 8, align: int = 4096, backend: str = "auto",
+                         direct: bool = True, faults=(), progress: Progress | None = None
+                         ) -> FileResult:
+    """Read `path` back into the (offset, writable buffer) spans, checking every chunk's CRC;
+    a mismatch raises DataMismatch naming the bytes."""
+    ccrcs = ffi.new("uint32_t[]", list(crcs))
+    cf, keep = _ckpt_file(path, spans, file_size, ccrcs, chunk_size=chunk_size,
+                          queue_depth=queue_depth, align=align, backend=backend, direct=direct,
+                          faults=faults, writable=True)
+    ctl, res = ffi.new("struct qual_ctl *"), ffi.new("struct qual_ckpt_result *")
+    _call(lambda: lib.qual_ckpt_read(cf, ctl, res), ctl, (cf, res, keep), progress, 0.5)
+    _raise_result(res, path, "read")
+    return _file_result(res, path)
+
+
 # ------------------------------------------------------------------ machine and data helpers
+
+
+def crc32c(data, crc: int = 0) -> int:
+    """CRC32C (Castagnoli) of a buffer, continuing from crc."""
+    out = ffi.new("uint32_t *")
+    view = ffi.from_buffer(data)
+    check(lib.qual_crc32c(crc, view, len(view), out))
+    return int(out[0])
+
+
+def crc32c_hardware() -> bool:
+    yes = ffi.new("int *")
+    check(lib.qual_crc32c_hardware(yes))
+    return bool(yes[0])
+
 
 
 def io_uring_status() -> str | None:

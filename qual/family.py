@@ -43,8 +43,8 @@ class Metric:
 
 @dataclass(frozen=True)
 class Field:
-    """A key of a family's profile table. kind: size, duration, count, ratio, choice, sizes,
-    counts, choices, table (with `fields`)."""
+    """A key of a family's profile table. kind: size, duration, count, ratio, number (> 0),
+    bool, choice, sizes, counts, choices, table (with `fields`)."""
 
     name: str
     kind: str

@@ -457,6 +457,14 @@ class Target:
                 align = max(align, reported[1])
         return align
 
+    @property
+    def directory(self) -> Path | None:
+        """The folder a file-based workload (checkpoints, datasets) works in: the directory
+        target itself, or the file target's folder; None for a block device."""
+        if self.kind == "block":
+            return None
+        return self.path.parent
+
     def device_stat(self) -> DeviceStat | None:
         return device_stat(self.dev)
 

@@ -205,6 +205,20 @@ def load_profile(spec: str | Path) -> Profile:
                    criteria=tuple(criteria.values()))
 
 
+def family_table(family: str, given: dict, *, label: str = "flags") -> dict:
+    """A workload family's table from plain values (command-line flags, tests), checked and
+    completed with defaults as a profile's would be; ProfileError lists every problem."""
+    fam = FAMILIES[family]
+    problems: list[tuple[str, str, str]] = []
+    table = _parse_fields(fam.fields, given, label, family, problems)
+    _complete(fam.fields, table, label, family, problems)
+    if not problems:
+        problems += [(label, f"{family}.{k}", p) for k, p in fam.check(table)]
+    if problems:
+        raise ProfileError(problems)
+    return table
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
@@ -353,6 +367,14 @@ def _parse_value(f: Field, value, label, where, problems):
         return units.parse_count(value, name=f.name, minimum=f.minimum, maximum=f.maximum)
     if kind == "ratio":
         return units.parse_quantity(value, "ratio")
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise units.UnitError(f"{value!r} is not a positive number")
+        return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise units.UnitError(f"{value!r} is not true or false")
+        return value
     if kind == "choice":
         if value not in f.choices:
             raise units.UnitError(f"{value!r} is not one of {', '.join(f.choices)}")

@@ -16,6 +16,7 @@ from qual import engine, shipped
 
 HERE = Path(__file__).resolve().parent
 TINY_PROFILE = HERE / "profiles" / "tiny.toml"
+TINY_ALL = HERE / "profiles" / "tiny-all.toml"
 IS_ROOT = os.geteuid() == 0
 
 
@@ -50,12 +51,13 @@ def sh(*cmd: str) -> str:
 
 
 def run_suite(tmp_path: Path, *args: str, profile: Path | str = TINY_PROFILE,
-              alluredir: bool = True, env_extra: dict | None = None,
+              suite: str = "test_bandwidth.py", alluredir: bool = True,
+              env_extra: dict | None = None,
               timeout: int = 300) -> tuple[subprocess.CompletedProcess, Path]:
-    """Run the shipped suites in a fresh pytest process from tmp_path; returns the process and
-    the results folder (qual-run.json, allure-results/)."""
+    """Run a shipped suite (all of them with suite="") in a fresh pytest process from
+    tmp_path; returns the process and the results folder (qual-run.json, allure-results/)."""
     results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "pytest", str(shipped("suites")), "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", str(shipped("suites") / suite), "-p", "no:cacheprovider",
            "-p", "no:benchmark", f"--qual-profile={profile}", f"--qual-results={results}",
            "-o", "console_output_style=classic", *args]
     if alluredir:

@@ -147,6 +147,61 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
  * disabled by the kernel.io_uring_disabled sysctl or a seccomp policy). */
 int qual_io_uring_probe(void);
 
+/* ---------------------------------------------------------------- CRC32C (crc32c.c) */
+
+/* CRC32C (Castagnoli) of buf continuing from crc (0 to start): crc32c(crc32c(0, a), b) is the
+ * CRC of a followed by b. Uses the SSE4.2 instruction where the CPU has it. */
+int qual_crc32c(uint32_t crc, const void *buf, uint64_t len, uint32_t *out);
+int qual_crc32c_hardware(int *yes);
+
+/* ---------------------------------------------------------------- checkpoint files (ckpt.c) */
+
+/* One tensor's bytes in a checkpoint file: caller-owned memory, read from on write and written
+ * to on restore. A file's spans are sorted by offset and do not overlap. */
+struct qual_span {
+    void *data;
+    uint64_t offset;
+    uint64_t nbytes;
+};
+
+/* A checkpoint file: the spans at their offsets with zeros between them, written and read in
+ * chunks of chunk_size bytes (the last one shorter), every chunk with its CRC32C. */
+struct qual_ckpt_file {
+    const char *path;
+    int backend;              /* enum qual_backend */
+    int direct;               /* 1: O_DIRECT */
+    uint32_t align;           /* offset and length alignment of the target */
+    uint32_t chunk_size;      /* bytes per I/O and per CRC, a multiple of align */
+    uint32_t queue_depth;     /* chunks in flight (io_uring) */
+    uint64_t file_size;       /* a multiple of align, covering every span */
+    const struct qual_span *spans;
+    uint32_t nspans;
+    uint32_t *crcs;           /* one per chunk: filled in by write, checked by read */
+    uint32_t ncrcs;
+    struct qual_fault *faults;
+    uint32_t nfaults;
+};
+
+struct qual_ckpt_result {
+    int backend;              /* the backend used */
+    int error;                /* 0, or the negative errno of the first failure */
+    int error_op;             /* enum qual_op of the failed I/O, -1 if none */
+    uint64_t error_offset;
+    char error_msg[256];
+    uint64_t bytes;
+    uint64_t elapsed_ns;      /* from open to the last byte (write: durable, fdatasync included) */
+    uint64_t sync_ns;         /* of which fdatasync */
+    double cpu_user_s;        /* whole process, over elapsed_ns */
+    double cpu_sys_s;
+};
+
+/* Create the file (it must not exist yet), preallocate it, write every chunk, fdatasync. */
+int qual_ckpt_write(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
+                    struct qual_ckpt_result *res);
+/* Read every chunk, check its CRC (-EBADMSG on a mismatch), copy it into the spans. */
+int qual_ckpt_read(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
+                   struct qual_ckpt_result *res);
+
 /* ---------------------------------------------------------------- targets (target.c) */
 
 /* O_DIRECT alignment for path: memory and offset/length, from statx(STATX_DIOALIGN) when the

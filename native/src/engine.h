@@ -20,6 +20,9 @@ static inline uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* ---- the whole process's user and system CPU seconds so far (job.c) */
+void process_cpu(double *user, double *sys);
+
 /* ---- PRNG (pattern.c): xoshiro256** seeded through splitmix64 */
 struct rng {
     uint64_t s[4];
@@ -36,8 +39,10 @@ void stamp_write(void *buf, uint32_t len, uint64_t offset, uint64_t seq);
 
 /* ---- fault injection (fault.c) */
 /* Returns the (possibly changed) result of an I/O and adds any injected delay to *delay_ns. */
-int64_t fault_apply(const struct qual_job *job, int op, uint64_t off, uint32_t len, int64_t res,
-                    uint64_t *delay_ns);
+int64_t fault_apply(struct qual_fault *faults, uint32_t nfaults, int op, uint64_t off,
+                    uint32_t len, int64_t res, uint64_t *delay_ns);
+/* Sleep for an injected delay. */
+void fault_delay(uint64_t ns);
 
 /* ---- a running job (job.c) */
 struct jobrun {
@@ -94,6 +99,21 @@ int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt,
 int job_stopping(struct jobrun *run);
 /* Prepare the buffer of a write at off (pattern in verify mode, else a unique stamp). */
 void job_prepare_write(struct stream *s, void *buf, uint64_t off);
+
+/* ---- CRC32C (crc32c.c): standard init and final xor, so crc32c(crc32c(0, a), b) covers a+b */
+uint32_t crc32c(uint32_t crc, const void *buf, uint64_t len);
+
+/* ---- io_uring primitives (ring.c): a ring on one descriptor with `depth` registered buffers
+ * of buf_len bytes; slot i uses buffer i and completes with user_data i */
+struct ring;
+int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align);
+void ring_close(struct ring *r);
+void *ring_buf(struct ring *r, unsigned slot);
+void ring_queue(struct ring *r, int op, unsigned slot, uint64_t off, uint32_t len);
+unsigned ring_pending(const struct ring *r);    /* queued, not yet taken by the kernel */
+int ring_submit(struct ring *r, unsigned wait);  /* hand over the queue; wait for 1 if asked */
+int ring_wait(struct ring *r);                   /* wait for a completion, submit nothing */
+int ring_reap(struct ring *r, unsigned *slot, int32_t *res); /* 1 and a completion, or 0 */
 
 /* ---- backends: set up (before the start barrier), then run until job_claim says stop */
 struct ring_state;

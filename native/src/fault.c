@@ -1,11 +1,20 @@
 /* fault.c — the fault-injection plan, applied when an I/O completes (DESIGN §3). */
+#include <errno.h>
+
 #include "engine.h"
 
-int64_t fault_apply(const struct qual_job *job, int op, uint64_t off, uint32_t len, int64_t res,
-                    uint64_t *delay_ns)
+void fault_delay(uint64_t ns)
 {
-    for (uint32_t i = 0; i < job->nfaults; i++) {
-        struct qual_fault *f = &job->faults[i];
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+int64_t fault_apply(struct qual_fault *faults, uint32_t nfaults, int op, uint64_t off,
+                    uint32_t len, int64_t res, uint64_t *delay_ns)
+{
+    for (uint32_t i = 0; i < nfaults; i++) {
+        struct qual_fault *f = &faults[i];
         if (f->op != -1 && f->op != op)
             continue;
         if (off + len <= f->offset_lo || off >= f->offset_hi)

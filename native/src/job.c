@@ -87,11 +87,9 @@ int job_complete(struct stream *s, int op, uint64_t off, int64_t res, uint64_t l
 
     if (job->nfaults) {
         uint64_t delay = 0;
-        res = fault_apply(job, op, off, len, res, &delay);
+        res = fault_apply(job->faults, job->nfaults, op, off, len, res, &delay);
         if (delay) {
-            struct timespec ts = {(time_t)(delay / 1000000000ull), (long)(delay % 1000000000ull)};
-            while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-                ;
+            fault_delay(delay);
             lat_ns += delay;
         }
     }
@@ -246,7 +244,7 @@ static void *stream_main(void *p)
     return NULL;
 }
 
-static void cpu_seconds(double *user, double *sys)
+void process_cpu(double *user, double *sys)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -379,7 +377,7 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     while (run.ready < started)
         pthread_cond_wait(&run.gate_cv, &run.gate);
     double u0, s0;
-    cpu_seconds(&u0, &s0);
+    process_cpu(&u0, &s0);
     uint64_t t_start = now_ns();
     if (job->runtime_ns)
         run.deadline_ns = t_start + job->runtime_ns;
@@ -399,7 +397,7 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     }
     uint64_t t_end = now_ns();
     double u1, s1;
-    cpu_seconds(&u1, &s1);
+    process_cpu(&u1, &s1);
 
     for (uint64_t t = 0; t < nthreads; t++) {
         res->bytes += threads[t].s.bytes;

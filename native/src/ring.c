@@ -1,5 +1,6 @@
-/* ring.c — the io_uring backend, by raw syscalls (no liburing): one ring per worker, the
- * worker's descriptor and buffers registered with the kernel, fixed-buffer reads and writes. */
+/* ring.c — io_uring by raw syscalls (no liburing): a ring bound to one descriptor with its
+ * I/O buffers registered, the primitives to queue, submit and reap fixed-buffer reads and
+ * writes, and the job streams' loop built on them. */
 #include <errno.h>
 #include <linux/io_uring.h>
 #include <stdlib.h>
@@ -21,18 +22,14 @@
 #define IORING_SETUP_DEFER_TASKRUN (1U << 13)
 #endif
 
-struct slot {
-    uint64_t off;
-    uint64_t t_submit;
-    unsigned char *buf;
-};
-
-struct ring_state {
+struct ring {
     int fd;
-    unsigned features;
+    int target_fd;
     int fixed_file;
     int fixed_bufs;
-    int target_fd;
+    unsigned depth;
+    unsigned char *bufs;
+    size_t buf_len;
     /* submission ring */
     unsigned *sq_head;
     unsigned *sq_tail;
@@ -50,12 +47,6 @@ struct ring_state {
     void *cq_map;
     size_t cq_map_len;
     size_t sqes_len;
-    /* I/O slots */
-    unsigned depth;
-    struct slot *slots;
-    unsigned *free_slots;
-    unsigned nfree;
-    unsigned char *bufs;
 };
 
 static int sys_setup(unsigned entries, struct io_uring_params *p)
@@ -63,10 +54,9 @@ static int sys_setup(unsigned entries, struct io_uring_params *p)
     return (int)syscall(__NR_io_uring_setup, entries, p);
 }
 
-static int sys_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags,
-                     void *arg, size_t argsz)
+static int sys_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags)
 {
-    return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, arg, argsz);
+    return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, NULL, 0);
 }
 
 static int sys_register(int fd, unsigned opcode, const void *arg, unsigned nr)
@@ -104,103 +94,195 @@ static int create_ring(unsigned entries, struct io_uring_params *p)
     return fd;
 }
 
-static int map_rings(struct ring_state *rs, const struct io_uring_params *p)
+static int map_rings(struct ring *r, const struct io_uring_params *p)
 {
-    rs->sq_map_len = p->sq_off.array + p->sq_entries * sizeof(unsigned);
-    rs->cq_map_len = p->cq_off.cqes + p->cq_entries * sizeof(struct io_uring_cqe);
+    r->sq_map_len = p->sq_off.array + p->sq_entries * sizeof(unsigned);
+    r->cq_map_len = p->cq_off.cqes + p->cq_entries * sizeof(struct io_uring_cqe);
     int single = (p->features & IORING_FEAT_SINGLE_MMAP) != 0;
-    if (single && rs->cq_map_len > rs->sq_map_len)
-        rs->sq_map_len = rs->cq_map_len;
-    rs->sq_map = mmap(NULL, rs->sq_map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      rs->fd, IORING_OFF_SQ_RING);
-    if (rs->sq_map == MAP_FAILED) {
-        rs->sq_map = NULL;
+    if (single && r->cq_map_len > r->sq_map_len)
+        r->sq_map_len = r->cq_map_len;
+    r->sq_map = mmap(NULL, r->sq_map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                     r->fd, IORING_OFF_SQ_RING);
+    if (r->sq_map == MAP_FAILED) {
+        r->sq_map = NULL;
         return qual_set_error(-errno, "mmap io_uring SQ ring: %s", strerror(errno));
     }
     if (single) {
-        rs->cq_map = rs->sq_map;
-        rs->cq_map_len = 0;
+        r->cq_map = r->sq_map;
     } else {
-        rs->cq_map = mmap(NULL, rs->cq_map_len, PROT_READ | PROT_WRITE,
-                          MAP_SHARED | MAP_POPULATE, rs->fd, IORING_OFF_CQ_RING);
-        if (rs->cq_map == MAP_FAILED) {
-            rs->cq_map = NULL;
+        r->cq_map = mmap(NULL, r->cq_map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                         r->fd, IORING_OFF_CQ_RING);
+        if (r->cq_map == MAP_FAILED) {
+            r->cq_map = NULL;
             return qual_set_error(-errno, "mmap io_uring CQ ring: %s", strerror(errno));
         }
     }
-    rs->sqes_len = p->sq_entries * sizeof(struct io_uring_sqe);
-    rs->sqes = mmap(NULL, rs->sqes_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                    rs->fd, IORING_OFF_SQES);
-    if (rs->sqes == MAP_FAILED) {
-        rs->sqes = NULL;
+    r->sqes_len = p->sq_entries * sizeof(struct io_uring_sqe);
+    r->sqes = mmap(NULL, r->sqes_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
+                   IORING_OFF_SQES);
+    if (r->sqes == MAP_FAILED) {
+        r->sqes = NULL;
         return qual_set_error(-errno, "mmap io_uring SQEs: %s", strerror(errno));
     }
-    unsigned char *sq = rs->sq_map;
-    unsigned char *cq = rs->cq_map;
-    rs->sq_head = (unsigned *)(sq + p->sq_off.head);
-    rs->sq_tail = (unsigned *)(sq + p->sq_off.tail);
-    rs->sq_mask = (unsigned *)(sq + p->sq_off.ring_mask);
+    unsigned char *sq = r->sq_map;
+    unsigned char *cq = r->cq_map;
+    r->sq_head = (unsigned *)(sq + p->sq_off.head);
+    r->sq_tail = (unsigned *)(sq + p->sq_off.tail);
+    r->sq_mask = (unsigned *)(sq + p->sq_off.ring_mask);
     unsigned *array = (unsigned *)(sq + p->sq_off.array);
     for (unsigned i = 0; i < p->sq_entries; i++)
         array[i] = i; /* SQE i always sits in array slot i */
-    rs->sq_local_tail = *rs->sq_tail;
-    rs->cq_head = (unsigned *)(cq + p->cq_off.head);
-    rs->cq_tail = (unsigned *)(cq + p->cq_off.tail);
-    rs->cq_mask = (unsigned *)(cq + p->cq_off.ring_mask);
-    rs->cqes = (struct io_uring_cqe *)(cq + p->cq_off.cqes);
+    r->sq_local_tail = *r->sq_tail;
+    r->cq_head = (unsigned *)(cq + p->cq_off.head);
+    r->cq_tail = (unsigned *)(cq + p->cq_off.tail);
+    r->cq_mask = (unsigned *)(cq + p->cq_off.ring_mask);
+    r->cqes = (struct io_uring_cqe *)(cq + p->cq_off.cqes);
     return 0;
 }
+
+void ring_close(struct ring *r)
+{
+    if (!r)
+        return;
+    if (r->sqes)
+        munmap(r->sqes, r->sqes_len);
+    if (r->cq_map && r->cq_map != r->sq_map)
+        munmap(r->cq_map, r->cq_map_len);
+    if (r->sq_map)
+        munmap(r->sq_map, r->sq_map_len);
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r->bufs);
+    free(r);
+}
+
+int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align)
+{
+    struct ring *r = calloc(1, sizeof(*r));
+    if (!r)
+        return qual_set_error(-ENOMEM, "cannot allocate a ring");
+    r->fd = -1;
+    r->depth = depth;
+    r->target_fd = target_fd;
+    r->buf_len = buf_len;
+    *out = r;
+
+    struct io_uring_params p;
+    r->fd = create_ring(depth, &p);
+    if (r->fd < 0)
+        return qual_set_error(-errno, "io_uring_setup(%u): %s", depth, strerror(errno));
+    int rc = map_rings(r, &p);
+    if (rc)
+        return rc;
+    r->fixed_file = sys_register(r->fd, IORING_REGISTER_FILES, &r->target_fd, 1) == 0;
+
+    void *mem = NULL;
+    if (align < 4096)
+        align = 4096;
+    rc = posix_memalign(&mem, align, buf_len * depth);
+    if (rc)
+        return qual_set_error(-rc, "cannot allocate %u x %zu bytes of I/O buffers", depth, buf_len);
+    r->bufs = mem;
+    memset(r->bufs, 0, buf_len * depth); /* fault the pages in before they are pinned */
+    struct iovec *iov = calloc(depth, sizeof(*iov));
+    if (!iov)
+        return qual_set_error(-ENOMEM, "cannot allocate %u iovecs", depth);
+    for (unsigned i = 0; i < depth; i++) {
+        iov[i].iov_base = ring_buf(r, i);
+        iov[i].iov_len = buf_len;
+    }
+    /* registered buffers save a page pin per I/O; without them plain reads and writes work */
+    r->fixed_bufs = sys_register(r->fd, IORING_REGISTER_BUFFERS, iov, depth) == 0;
+    free(iov);
+    return 0;
+}
+
+void *ring_buf(struct ring *r, unsigned slot)
+{
+    return r->bufs + (size_t)slot * r->buf_len;
+}
+
+void ring_queue(struct ring *r, int op, unsigned slot, uint64_t off, uint32_t len)
+{
+    struct io_uring_sqe *sqe = &r->sqes[r->sq_local_tail & *r->sq_mask];
+    memset(sqe, 0, sizeof(*sqe));
+    if (r->fixed_bufs) {
+        sqe->opcode = op == QUAL_OP_WRITE ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED;
+        sqe->buf_index = (unsigned short)slot;
+    } else {
+        sqe->opcode = op == QUAL_OP_WRITE ? IORING_OP_WRITE : IORING_OP_READ;
+    }
+    if (r->fixed_file) {
+        sqe->fd = 0;
+        sqe->flags = IOSQE_FIXED_FILE;
+    } else {
+        sqe->fd = r->target_fd;
+    }
+    sqe->addr = (uint64_t)(uintptr_t)ring_buf(r, slot);
+    sqe->len = len;
+    sqe->off = off;
+    sqe->user_data = slot;
+    r->sq_local_tail++;
+}
+
+unsigned ring_pending(const struct ring *r)
+{
+    return r->sq_local_tail - __atomic_load_n(r->sq_head, __ATOMIC_ACQUIRE);
+}
+
+int ring_submit(struct ring *r, unsigned wait)
+{
+    __atomic_store_n(r->sq_tail, r->sq_local_tail, __ATOMIC_RELEASE);
+    unsigned ready = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) - *r->cq_head;
+    unsigned flags = wait ? IORING_ENTER_GETEVENTS : 0;
+    /* No timeout: an in-flight I/O must come back before its buffer can be reused or freed,
+     * so a cancel or a deadline is acted on at the next completion. */
+    int ret = sys_enter(r->fd, ring_pending(r), ready ? 0 : wait, flags);
+    if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY)
+        return qual_set_error(-errno, "io_uring_enter: %s", strerror(errno));
+    return 0;
+}
+
+int ring_wait(struct ring *r)
+{
+    unsigned ready = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) - *r->cq_head;
+    int ret = sys_enter(r->fd, 0, ready ? 0 : 1, IORING_ENTER_GETEVENTS);
+    if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY)
+        return qual_set_error(-errno, "io_uring_enter: %s", strerror(errno));
+    return 0;
+}
+
+int ring_reap(struct ring *r, unsigned *slot, int32_t *res)
+{
+    unsigned head = *r->cq_head;
+    if (head == __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE))
+        return 0;
+    const struct io_uring_cqe *cqe = &r->cqes[head & *r->cq_mask];
+    *slot = (unsigned)cqe->user_data;
+    *res = cqe->res;
+    __atomic_store_n(r->cq_head, head + 1, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- job streams */
+
+struct ring_state {
+    struct ring *ring;
+    uint64_t *off;      /* per slot */
+    uint64_t *t_submit; /* per slot */
+    unsigned *free_slots;
+    unsigned nfree;
+};
 
 void ring_teardown(struct ring_state *rs)
 {
     if (!rs)
         return;
-    if (rs->sqes)
-        munmap(rs->sqes, rs->sqes_len);
-    if (rs->cq_map && rs->cq_map != rs->sq_map)
-        munmap(rs->cq_map, rs->cq_map_len);
-    if (rs->sq_map)
-        munmap(rs->sq_map, rs->sq_map_len);
-    if (rs->fd >= 0)
-        close(rs->fd);
-    free(rs->bufs);
-    free(rs->slots);
+    ring_close(rs->ring);
+    free(rs->off);
+    free(rs->t_submit);
     free(rs->free_slots);
     free(rs);
-}
-
-static int setup_buffers(struct stream *s, struct ring_state *rs)
-{
-    const struct qual_job *job = s->run->job;
-    size_t bs = job->block_size;
-    size_t align = job->align > 4096 ? job->align : 4096;
-    void *mem = NULL;
-    int rc = posix_memalign(&mem, align, bs * rs->depth);
-    if (rc)
-        return qual_set_error(-rc, "cannot allocate %u x %zu bytes of I/O buffers", rs->depth, bs);
-    rs->bufs = mem;
-    if (job->op == QUAL_OP_WRITE)
-        qual_fill_random(rs->bufs, bs * rs->depth, job->seed ^ mix64(0x5eed0000u + s->w->index));
-    else
-        memset(rs->bufs, 0, bs * rs->depth);
-    rs->slots = calloc(rs->depth, sizeof(*rs->slots));
-    rs->free_slots = calloc(rs->depth, sizeof(*rs->free_slots));
-    struct iovec *iov = calloc(rs->depth, sizeof(*iov));
-    if (!rs->slots || !rs->free_slots || !iov) {
-        free(iov);
-        return qual_set_error(-ENOMEM, "cannot allocate %u I/O slots", rs->depth);
-    }
-    for (unsigned i = 0; i < rs->depth; i++) {
-        rs->slots[i].buf = rs->bufs + (size_t)i * bs;
-        rs->free_slots[i] = rs->depth - 1 - i;
-        iov[i].iov_base = rs->slots[i].buf;
-        iov[i].iov_len = bs;
-    }
-    rs->nfree = rs->depth;
-    /* registered buffers save a page pin per I/O; without them plain reads and writes work */
-    rs->fixed_bufs = sys_register(rs->fd, IORING_REGISTER_BUFFERS, iov, rs->depth) == 0;
-    free(iov);
-    return 0;
 }
 
 int ring_setup(struct stream *s, struct ring_state **out)
@@ -209,62 +291,22 @@ int ring_setup(struct stream *s, struct ring_state **out)
     struct ring_state *rs = calloc(1, sizeof(*rs));
     if (!rs)
         return qual_set_error(-ENOMEM, "cannot allocate a ring");
-    rs->fd = -1;
-    rs->depth = job->queue_depth;
-    rs->target_fd = s->w->fd;
     *out = rs;
-
-    struct io_uring_params p;
-    rs->fd = create_ring(rs->depth, &p);
-    if (rs->fd < 0)
-        return qual_set_error(-errno, "io_uring_setup(%u): %s", rs->depth, strerror(errno));
-    rs->features = p.features;
-    int rc = map_rings(rs, &p);
+    unsigned depth = job->queue_depth;
+    int rc = ring_open(&rs->ring, s->w->fd, depth, job->block_size, job->align);
     if (rc)
         return rc;
-    rs->fixed_file = sys_register(rs->fd, IORING_REGISTER_FILES, &rs->target_fd, 1) == 0;
-    return setup_buffers(s, rs);
-}
-
-static void queue_io(struct ring_state *rs, int op, unsigned slot, uint32_t len)
-{
-    struct slot *sl = &rs->slots[slot];
-    unsigned idx = rs->sq_local_tail & *rs->sq_mask;
-    struct io_uring_sqe *sqe = &rs->sqes[idx];
-    memset(sqe, 0, sizeof(*sqe));
-    if (rs->fixed_bufs) {
-        sqe->opcode = op == QUAL_OP_WRITE ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED;
-        sqe->buf_index = (unsigned short)slot;
-    } else {
-        sqe->opcode = op == QUAL_OP_WRITE ? IORING_OP_WRITE : IORING_OP_READ;
-    }
-    if (rs->fixed_file) {
-        sqe->fd = 0;
-        sqe->flags = IOSQE_FIXED_FILE;
-    } else {
-        sqe->fd = rs->target_fd;
-    }
-    sqe->addr = (uint64_t)(uintptr_t)sl->buf;
-    sqe->len = len;
-    sqe->off = sl->off;
-    sqe->user_data = slot;
-    rs->sq_local_tail++;
-    sl->t_submit = now_ns();
-}
-
-/* SQEs queued but not yet taken by the kernel */
-static unsigned pending(const struct ring_state *rs)
-{
-    return rs->sq_local_tail - __atomic_load_n(rs->sq_head, __ATOMIC_ACQUIRE);
-}
-
-/* Hand the queued SQEs to the kernel without waiting for completions; 0 or -errno. */
-static int submit(struct jobrun *run, struct ring_state *rs, int op)
-{
-    __atomic_store_n(rs->sq_tail, rs->sq_local_tail, __ATOMIC_RELEASE);
-    int ret = sys_enter(rs->fd, pending(rs), 0, 0, NULL, 0);
-    if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY)
-        return job_fail(run, -errno, op, 0, "io_uring_enter: %s", strerror(errno));
+    rs->off = calloc(depth, sizeof(*rs->off));
+    rs->t_submit = calloc(depth, sizeof(*rs->t_submit));
+    rs->free_slots = calloc(depth, sizeof(*rs->free_slots));
+    if (!rs->off || !rs->t_submit || !rs->free_slots)
+        return qual_set_error(-ENOMEM, "cannot allocate %u I/O slots", depth);
+    for (unsigned i = 0; i < depth; i++)
+        rs->free_slots[i] = depth - 1 - i;
+    rs->nfree = depth;
+    if (job->op == QUAL_OP_WRITE)
+        qual_fill_random(ring_buf(rs->ring, 0), (uint64_t)job->block_size * depth,
+                         job->seed ^ mix64(0x5eed0000u + s->w->index));
     return 0;
 }
 
@@ -272,65 +314,60 @@ int ring_run(struct stream *s, struct ring_state *rs)
 {
     struct jobrun *run = s->run;
     const struct qual_job *job = run->job;
+    struct ring *r = rs->ring;
     const int op = job->op;
-    const uint32_t len = job->block_size;
+    const unsigned depth = job->queue_depth;
     const unsigned batch = job->submit_batch;
     unsigned inflight = 0;  /* queued in the ring or with the kernel */
     int draining = 0;
     int submit_failed = 0; /* after a hard io_uring_enter error only wait for what was taken */
 
     for (;;) {
-        while (!draining && inflight < rs->depth) {
+        while (!draining && inflight < depth) {
             uint64_t off;
             if (!job_claim(s, &off)) {
                 draining = 1;
                 break;
             }
             unsigned slot = rs->free_slots[--rs->nfree];
-            rs->slots[slot].off = off;
+            rs->off[slot] = off;
             if (op == QUAL_OP_WRITE)
-                job_prepare_write(s, rs->slots[slot].buf, off);
-            queue_io(rs, op, slot, len);
+                job_prepare_write(s, ring_buf(r, slot), off);
+            ring_queue(r, op, slot, off, job->block_size);
+            rs->t_submit[slot] = now_ns();
             inflight++;
             /* a full batch goes to the kernel at once, without waiting; the last one of the
              * round goes with the wait below */
-            if (batch && inflight < rs->depth && pending(rs) >= batch && submit(run, rs, op)) {
-                submit_failed = 1;
-                draining = 1;
+            if (batch && inflight < depth && ring_pending(r) >= batch) {
+                int rc = ring_submit(r, 0);
+                if (rc) {
+                    job_fail(run, rc, op, 0, "%s", qual_last_error());
+                    submit_failed = draining = 1;
+                }
             }
         }
         if (inflight == 0)
             break;
-        __atomic_store_n(rs->sq_tail, rs->sq_local_tail, __ATOMIC_RELEASE);
-        if (submit_failed && inflight == pending(rs))
+        if (submit_failed && inflight == ring_pending(r))
             break; /* everything the kernel took is back; the rest was never submitted */
-        unsigned to_submit = submit_failed ? 0 : pending(rs);
-        unsigned ready = __atomic_load_n(rs->cq_tail, __ATOMIC_ACQUIRE) - *rs->cq_head;
-        /* Waiting has no timeout: an in-flight I/O must come back before its buffer can be
-         * reused or freed, so a cancel or a deadline is acted on at the next completion. */
-        int ret = sys_enter(rs->fd, to_submit, ready ? 0 : 1, IORING_ENTER_GETEVENTS, NULL, 0);
-        if (ret < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
-            job_fail(run, -errno, op, 0, "io_uring_enter: %s", strerror(errno));
+        int rc = submit_failed ? ring_wait(r) : ring_submit(r, 1);
+        if (rc) {
+            job_fail(run, rc, op, 0, "%s", qual_last_error());
             /* the kernel still owns what it took: keep reaping until it is back */
-            submit_failed = 1;
-            draining = 1;
+            submit_failed = draining = 1;
         }
-
-        unsigned head = *rs->cq_head;
-        unsigned tail = __atomic_load_n(rs->cq_tail, __ATOMIC_ACQUIRE);
-        if (head == tail)
-            continue;
-        uint64_t now = now_ns();
-        for (; head != tail; head++) {
-            const struct io_uring_cqe *cqe = &rs->cqes[head & *rs->cq_mask];
-            unsigned slot = (unsigned)cqe->user_data;
-            struct slot *sl = &rs->slots[slot];
-            if (job_complete(s, op, sl->off, cqe->res, now - sl->t_submit, sl->buf) != 0)
+        unsigned slot;
+        int32_t res;
+        uint64_t now = 0;
+        while (ring_reap(r, &slot, &res)) {
+            if (!now)
+                now = now_ns();
+            if (job_complete(s, op, rs->off[slot], res, now - rs->t_submit[slot],
+                             ring_buf(r, slot)) != 0)
                 draining = 1;
             rs->free_slots[rs->nfree++] = slot;
             inflight--;
         }
-        __atomic_store_n(rs->cq_head, head, __ATOMIC_RELEASE);
         if (job_stopping(run))
             draining = 1;
     }

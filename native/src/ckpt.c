@@ -1,0 +1,336 @@
+/* ckpt.c — checkpoint files: caller-owned tensor bytes packed into aligned staging chunks,
+ * every chunk with its CRC32C, written with several chunks in flight and made durable before
+ * the clock stops; restore reads the chunks back, checks every CRC and copies the bytes out. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+struct ckpt_run {
+    const struct qual_ckpt_file *f;
+    struct qual_ctl *ctl;
+    struct qual_ckpt_result *res;
+    int fd;
+    uint64_t nchunks;
+};
+
+static int fail(struct ckpt_run *c, int err, int op, uint64_t off, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static int fail(struct ckpt_run *c, int err, int op, uint64_t off, const char *fmt, ...)
+{
+    if (c->res->error)
+        return c->res->error;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->res->error_msg, sizeof(c->res->error_msg), fmt, ap);
+    va_end(ap);
+    c->res->error = err;
+    c->res->error_op = op;
+    c->res->error_offset = off;
+    qual_set_error(err, "%s", c->res->error_msg);
+    return err;
+}
+
+static int validate(const struct qual_ckpt_file *f)
+{
+    if (!f->path || !*f->path)
+        return qual_set_error(-EINVAL, "checkpoint file has no path");
+    if (f->align == 0 || (f->align & (f->align - 1)))
+        return qual_set_error(-EINVAL, "alignment %u is not a power of two", f->align);
+    if (f->chunk_size == 0 || f->chunk_size % f->align)
+        return qual_set_error(-EINVAL, "chunk size %u is not a multiple of the alignment %u",
+                              f->chunk_size, f->align);
+    if (f->file_size == 0 || f->file_size % f->align)
+        return qual_set_error(-EINVAL, "file size %llu is not a multiple of the alignment %u",
+                              (unsigned long long)f->file_size, f->align);
+    if (f->queue_depth == 0 || f->queue_depth > 1024)
+        return qual_set_error(-EINVAL, "queue depth %u is outside 1..1024", f->queue_depth);
+    if (f->backend < QUAL_BACKEND_AUTO || f->backend > QUAL_BACKEND_PSYNC)
+        return qual_set_error(-EINVAL, "backend %d is unknown", f->backend);
+    uint64_t nchunks = (f->file_size + f->chunk_size - 1) / f->chunk_size;
+    if (!f->crcs || f->ncrcs != nchunks)
+        return qual_set_error(-EINVAL, "%llu chunks need as many CRC slots, not %u",
+                              (unsigned long long)nchunks, f->ncrcs);
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < f->nspans; i++) {
+        const struct qual_span *s = &f->spans[i];
+        if (!s->data && s->nbytes)
+            return qual_set_error(-EINVAL, "span %u has no memory", i);
+        if (s->offset < end)
+            return qual_set_error(-EINVAL, "span %u at %llu overlaps or precedes the one before",
+                                  i, (unsigned long long)s->offset);
+        end = s->offset + s->nbytes;
+        if (end > f->file_size)
+            return qual_set_error(-EINVAL, "span %u ends at %llu, past the file's %llu bytes", i,
+                                  (unsigned long long)end, (unsigned long long)f->file_size);
+    }
+    if (f->nfaults && !f->faults)
+        return qual_set_error(-EINVAL, "fault count without faults");
+    return 0;
+}
+
+/* The first span that ends after byte lo (spans are sorted and do not overlap). */
+static uint32_t first_span(const struct qual_ckpt_file *f, uint64_t lo)
+{
+    uint32_t a = 0, b = f->nspans;
+    while (a < b) {
+        uint32_t m = a + (b - a) / 2;
+        if (f->spans[m].offset + f->spans[m].nbytes <= lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+/* Copy the file image's bytes [lo, hi) into buf (to_file) or out of buf into the spans. */
+static void move_chunk(const struct qual_ckpt_file *f, unsigned char *buf, uint64_t lo,
+                       uint64_t hi, int to_file)
+{
+    uint64_t pos = lo;
+    for (uint32_t i = first_span(f, lo); i < f->nspans && f->spans[i].offset < hi; i++) {
+        const struct qual_span *s = &f->spans[i];
+        uint64_t a = s->offset > lo ? s->offset : lo;
+        uint64_t b = s->offset + s->nbytes < hi ? s->offset + s->nbytes : hi;
+        if (to_file) {
+            memset(buf + (pos - lo), 0, a - pos);
+            memcpy(buf + (a - lo), (unsigned char *)s->data + (a - s->offset), b - a);
+        } else {
+            memcpy((unsigned char *)s->data + (a - s->offset), buf + (a - lo), b - a);
+        }
+        pos = b;
+    }
+    if (to_file)
+        memset(buf + (pos - lo), 0, hi - pos);
+}
+
+static uint64_t chunk_len(const struct ckpt_run *c, uint64_t k)
+{
+    uint64_t lo = k * c->f->chunk_size;
+    uint64_t hi = lo + c->f->chunk_size;
+    return (hi > c->f->file_size ? c->f->file_size : hi) - lo;
+}
+
+/* Stage chunk k for writing: fill it and record its CRC. */
+static void stage(struct ckpt_run *c, unsigned char *buf, uint64_t k)
+{
+    uint64_t lo = k * c->f->chunk_size, len = chunk_len(c, k);
+    move_chunk(c->f, buf, lo, lo + len, 1);
+    c->f->crcs[k] = crc32c(0, buf, len);
+}
+
+/* Account a finished chunk I/O: 0, or the failure. A read chunk is checked and copied out. */
+static int land(struct ckpt_run *c, int op, unsigned char *buf, uint64_t k, int64_t res)
+{
+    const struct qual_ckpt_file *f = c->f;
+    uint64_t lo = k * f->chunk_size, len = chunk_len(c, k);
+    if (f->nfaults) {
+        uint64_t delay = 0;
+        res = fault_apply(f->faults, f->nfaults, op, lo, (uint32_t)len, res, &delay);
+        if (delay)
+            fault_delay(delay);
+    }
+    const char *what = op == QUAL_OP_WRITE ? "write" : "read";
+    if (res < 0)
+        return fail(c, (int)res, op, lo, "%s of checkpoint chunk at offset %llu failed: %s", what,
+                    (unsigned long long)lo, strerror((int)-res));
+    if ((uint64_t)res != len)
+        return fail(c, -EIO, op, lo, "short %s: %lld of %llu bytes at offset %llu", what,
+                    (long long)res, (unsigned long long)len, (unsigned long long)lo);
+    if (op == QUAL_OP_READ) {
+        uint32_t got = crc32c(0, buf, len);
+        if (got != f->crcs[k])
+            return fail(c, -EBADMSG, op, lo,
+                        "checkpoint bytes %llu..%llu fail their CRC32C (stored %08x, read %08x)",
+                        (unsigned long long)lo, (unsigned long long)(lo + len), f->crcs[k], got);
+        move_chunk(f, buf, lo, lo + len, 0);
+    }
+    c->res->bytes += len;
+    __atomic_add_fetch(&c->ctl->bytes_done, len, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->ctl->ops_done, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static int cancelled(struct ckpt_run *c)
+{
+    if (__atomic_load_n(&c->ctl->cancel, __ATOMIC_RELAXED))
+        return fail(c, -ECANCELED, -1, 0, "cancelled");
+    return 0;
+}
+
+/* io_uring: up to queue_depth chunks in flight; each is handed to the kernel as soon as it is
+ * staged, so the device works while the next one is filled. */
+static int run_uring(struct ckpt_run *c, int op)
+{
+    const struct qual_ckpt_file *f = c->f;
+    unsigned depth = f->queue_depth;
+    if (depth > c->nchunks)
+        depth = (unsigned)c->nchunks;
+    struct ring *r = NULL;
+    int rc = ring_open(&r, c->fd, depth, f->chunk_size, f->align);
+    uint64_t *chunk_of = calloc(depth, sizeof(*chunk_of));
+    unsigned *free_slots = calloc(depth, sizeof(*free_slots));
+    if (rc || !chunk_of || !free_slots) {
+        rc = fail(c, rc ? rc : -ENOMEM, -1, 0, "%s", rc ? qual_last_error() : "no memory");
+        goto out;
+    }
+    for (unsigned i = 0; i < depth; i++)
+        free_slots[i] = i;
+    unsigned nfree = depth, inflight = 0;
+    uint64_t next = 0;
+    int broken = 0;    /* after an error or a cancel: queue nothing more */
+    int wait_only = 0; /* after a submission error: only bring back what the kernel took */
+    for (;;) {
+        while (!broken && inflight < depth && next < c->nchunks) {
+            if (cancelled(c)) {
+                broken = 1;
+                break;
+            }
+            unsigned slot = free_slots[--nfree];
+            chunk_of[slot] = next;
+            if (op == QUAL_OP_WRITE)
+                stage(c, ring_buf(r, slot), next);
+            ring_queue(r, op, slot, next * f->chunk_size, (uint32_t)chunk_len(c, next));
+            inflight++;
+            next++;
+            if (inflight < depth && next < c->nchunks && (rc = ring_submit(r, 0)) != 0) {
+                fail(c, rc, op, 0, "%s", qual_last_error());
+                broken = wait_only = 1;
+            }
+        }
+        if (inflight == 0 || (wait_only && inflight == ring_pending(r)))
+            break; /* done, or what is left was never taken by the kernel */
+        rc = wait_only ? ring_wait(r) : ring_submit(r, 1);
+        if (rc) {
+            fail(c, rc, op, 0, "%s", qual_last_error());
+            broken = wait_only = 1;
+        }
+        unsigned slot;
+        int32_t res;
+        while (ring_reap(r, &slot, &res)) {
+            if (land(c, op, ring_buf(r, slot), chunk_of[slot], res))
+                broken = 1;
+            free_slots[nfree++] = slot;
+            inflight--;
+        }
+    }
+out:
+    ring_close(r);
+    free(chunk_of);
+    free(free_slots);
+    return c->res->error;
+}
+
+/* psync: one chunk at a time through an aligned staging buffer. */
+static int run_psync(struct ckpt_run *c, int op)
+{
+    const struct qual_ckpt_file *f = c->f;
+    void *buf = NULL;
+    size_t align = f->align > 4096 ? f->align : 4096;
+    int rc = posix_memalign(&buf, align, f->chunk_size);
+    if (rc)
+        return fail(c, -rc, -1, 0, "cannot allocate a %u-byte staging buffer", f->chunk_size);
+    for (uint64_t k = 0; k < c->nchunks; k++) {
+        if (cancelled(c))
+            break;
+        uint64_t lo = k * f->chunk_size, len = chunk_len(c, k);
+        if (op == QUAL_OP_WRITE)
+            stage(c, buf, k);
+        ssize_t n;
+        do {
+            n = op == QUAL_OP_WRITE ? pwrite(c->fd, buf, len, (off_t)lo)
+                                    : pread(c->fd, buf, len, (off_t)lo);
+        } while (n < 0 && errno == EINTR);
+        if (land(c, op, buf, k, n < 0 ? -(int64_t)errno : (int64_t)n))
+            break;
+    }
+    free(buf);
+    return c->res->error;
+}
+
+static int run(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
+               struct qual_ckpt_result *res, int op)
+{
+    if (!f || !ctl || !res)
+        return qual_set_error(-EINVAL, "file, ctl or result is NULL");
+    memset(res, 0, sizeof(*res));
+    res->error_op = -1;
+    struct ckpt_run c = {f, ctl, res, -1, 0};
+    int rc = validate(f);
+    if (rc)
+        return fail(&c, rc, -1, 0, "%s", qual_last_error());
+    c.nchunks = (f->file_size + f->chunk_size - 1) / f->chunk_size;
+
+    int backend = f->backend;
+    if (backend != QUAL_BACKEND_PSYNC) {
+        int probe = qual_io_uring_probe();
+        if (probe == 0)
+            backend = QUAL_BACKEND_IO_URING;
+        else if (backend == QUAL_BACKEND_AUTO)
+            backend = QUAL_BACKEND_PSYNC;
+        else
+            return fail(&c, probe, -1, 0, "io_uring is unavailable here: %s", strerror(-probe));
+    }
+    res->backend = backend;
+
+    double u0, s0, u1, s1;
+    process_cpu(&u0, &s0);
+    uint64_t t0 = now_ns();
+    int flags = O_CLOEXEC | (f->direct ? O_DIRECT : 0);
+    flags |= op == QUAL_OP_WRITE ? O_WRONLY | O_CREAT | O_EXCL : O_RDONLY;
+    c.fd = open(f->path, flags, 0644);
+    if (c.fd < 0) {
+        int err = errno;
+        return fail(&c, -err, op, 0, "open %s: %s", f->path, strerror(err));
+    }
+    if (op == QUAL_OP_WRITE) {
+        /* the whole file's space up front: a full target fails here, before any data moves */
+        rc = posix_fallocate(c.fd, 0, (off_t)f->file_size);
+        if (rc && rc != EOPNOTSUPP && rc != EINVAL)
+            fail(&c, -rc, op, 0, "no room for a %llu-byte checkpoint file %s: %s",
+                 (unsigned long long)f->file_size, f->path, strerror(rc));
+    } else {
+        struct stat st;
+        if (fstat(c.fd, &st) != 0)
+            fail(&c, -errno, op, 0, "stat %s: %s", f->path, strerror(errno));
+        else if ((uint64_t)st.st_size != f->file_size)
+            fail(&c, -EBADMSG, op, 0, "%s holds %lld bytes, the manifest says %llu", f->path,
+                 (long long)st.st_size, (unsigned long long)f->file_size);
+    }
+    if (!res->error) {
+        if (backend == QUAL_BACKEND_IO_URING)
+            run_uring(&c, op);
+        else
+            run_psync(&c, op);
+    }
+    if (op == QUAL_OP_WRITE && !res->error) {
+        uint64_t ts = now_ns();
+        if (fdatasync(c.fd) != 0)
+            fail(&c, -errno, op, 0, "fdatasync %s: %s", f->path, strerror(errno));
+        res->sync_ns = now_ns() - ts;
+    }
+    close(c.fd);
+    res->elapsed_ns = now_ns() - t0;
+    process_cpu(&u1, &s1);
+    res->cpu_user_s = u1 - u0;
+    res->cpu_sys_s = s1 - s0;
+    return res->error;
+}
+
+int qual_ckpt_write(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
+                    struct qual_ckpt_result *res)
+{
+    return run(f, ctl, res, QUAL_OP_WRITE);
+}
+
+int qual_ckpt_read(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
+                   struct qual_ckpt_result *res)
+{
+    return run(f, ctl, res, QUAL_OP_READ);
+}

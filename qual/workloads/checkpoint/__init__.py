@@ -1,0 +1,314 @@
+"""DLIO-style LLM checkpointing (seed 004): passes of checkpoints that fill the target, a
+restore verified bit for bit, and torch.save / torch.load of the same tensors for comparison.
+Ranks are processes joined by torch.distributed (gloo)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from qual import engine, honesty
+from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_for
+from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.record import Measurement, measure
+from qual.target import Target
+from qual.workloads.checkpoint.plan import MODELS, RECIPES, Layout, Plan, build_plan
+from qual.workloads.checkpoint.store import CheckpointStore
+
+NAME = "checkpoint"
+_PASS, _INDEX = Param("pass", "count"), Param("index", "count")
+
+METRICS = {m.name: m for m in (
+    Metric("ckpt_write_s", "time", "lower", (_PASS,),
+           "mean seconds per checkpoint in a pass, barrier to commit"),
+    Metric("ckpt_write_bw", "bandwidth", "higher", (_PASS,),
+           "checkpoint bytes over the mean seconds per checkpoint in a pass"),
+    Metric("ckpt_rank_bw_min", "bandwidth", "higher", (_PASS,),
+           "slowest rank's bytes per second, averaged over the pass (MLPerf Storage)"),
+    Metric("ckpt_each_s", "time", "lower", (_PASS, _INDEX), "seconds of one checkpoint"),
+    Metric("ckpt_size", "size", "higher", (), "bytes in one checkpoint"),
+    Metric("ckpt_restore_s", "time", "lower", (), "restore of the last checkpoint, slowest rank"),
+    Metric("ckpt_restore_bw", "bandwidth", "higher", (), "checkpoint bytes over restore seconds"),
+    Metric("ckpt_restore_intact", "ratio", "higher", (),
+           "1 when every restored byte equals what was written (CRC32C and comparison)"),
+    Metric("torch_save_bw", "bandwidth", "higher", (), "torch.save + fsync of the same tensors"),
+    Metric("torch_load_bw", "bandwidth", "higher", (), "torch.load from a cold cache"),
+    Metric("ckpt_save_speedup", "ratio", "higher", (), "native write over torch.save bandwidth"),
+    Metric("ckpt_load_speedup", "ratio", "higher", (), "native restore over torch.load bandwidth"),
+)}
+
+FIELDS = (
+    Field("model", "choice", required=True, choices=tuple(MODELS)),
+    Field("recipe", "choice", default="mixed-adam", choices=tuple(RECIPES)),
+    Field("tp", "count", default=1),
+    Field("pp", "count", default=1),
+    Field("dp", "count", default=1),
+    Field("zero", "count", default=0, minimum=0, maximum=3),
+    Field("scale", "number", default=1.0, help="shrinks every tensor (0 < scale <= 1)"),
+    Field("ranks", "count", default=0, minimum=0,
+          help="processes on this host (0: every rank of the layout)"),
+    Field("passes", "count", default=3),
+    Field("per_pass", "count", default=0, minimum=0,
+          help="checkpoints per pass (0: as many as fill the target to `utilisation`)"),
+    Field("utilisation", "ratio", default="60 %"),
+    Field("retention", "count", default=2, help="checkpoints kept after each pass"),
+    Field("restore", "bool", default=True),
+    Field("baseline", "bool", default=True, help="torch.save and torch.load for comparison"),
+    Field("baseline_bytes", "size", default="512 MiB", help="per rank, for the torch baseline"),
+    Field("chunk_size", "size", default="8 MiB", minimum=4096),
+    Field("queue_depth", "count", default=8, maximum=1024),
+    Field("pool", "size", default="1 GiB",
+          help="random data per rank; a larger rank state repeats it"),
+    Field("backend", "choice", default="auto", choices=BACKENDS),
+    Field("timeout", "duration", default="2 h", help="longest wait at a rank barrier"),
+)
+
+
+def plan_of(table: dict) -> Plan:
+    return build_plan(table["model"], Layout(table["tp"], table["pp"], table["dp"],
+                                             table["zero"]), table["recipe"], table["scale"])
+
+
+def _check(table: dict) -> list[tuple[str, str]]:
+    problems = []
+    if table["zero"] not in (0, 1, 3):
+        problems.append(("zero", f"{table['zero']} is not a ZeRO stage qual models (0, 1, 3)"))
+    if table["scale"] > 1:
+        problems.append(("scale", f"{table['scale']} is above 1"))
+    if table["chunk_size"] % 4096:
+        problems.append(("chunk_size", "is not a multiple of 4 KiB"))
+    layout_ranks = table["tp"] * table["pp"] * table["dp"]
+    if table["ranks"] > layout_ranks:
+        problems.append(("ranks", f"{table['ranks']} processes for a {layout_ranks}-rank layout"))
+    if not problems:
+        try:
+            plan_of(table)
+        except ValueError as e:
+            problems.append(("tp", str(e)))
+    return problems
+
+
+def _cells(table: dict) -> list[str]:
+    ids = []
+    for p in range(1, table["passes"] + 1):
+        for name in ("ckpt_write_s", "ckpt_write_bw", "ckpt_rank_bw_min"):
+            ids.append(measurement_id(METRICS[name], {"pass": p}))
+        for i in range(1, table["per_pass"] + 1):
+            ids.append(measurement_id(METRICS["ckpt_each_s"], {"pass": p, "index": i}))
+    ids.append("ckpt_size")
+    if table["restore"]:
+        ids += ["ckpt_restore_s", "ckpt_restore_bw", "ckpt_restore_intact"]
+    if table["baseline"]:
+        ids += ["torch_save_bw", "torch_load_bw", "ckpt_save_speedup"]
+        if table["restore"]:
+            ids.append("ckpt_load_speedup")
+    return ids
+
+
+FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells)
+
+
+# ------------------------------------------------------------------ running it
+
+
+def checkpoints_per_pass(table: dict, folder: Path, checkpoint_bytes: int) -> int:
+    """The profile's count, or as many as fill the filesystem to its utilisation (seed 004
+    filled each drive to a similar utilisation); refused before any I/O if none fits."""
+    if table["per_pass"]:
+        return table["per_pass"]
+    usage = shutil.disk_usage(folder)
+    room = table["utilisation"] * usage.total - usage.used
+    count = int(room // checkpoint_bytes)
+    if count < 1:
+        raise NoSpace(errno.ENOSPC, f"a {checkpoint_bytes / 1e9:.3g} GB checkpoint does not fit "
+                      f"below {table['utilisation'] * 100:g} % of the filesystem "
+                      f"({usage.used / 1e9:.3g} of {usage.total / 1e9:.3g} GB used)",
+                      target=str(folder))
+    return count
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(job: dict, processes: int, workdir: Path) -> dict:
+    """Run the rank processes on this host (as torchrun would) and return rank 0's results.
+    If one rank fails, the others are stopped and its error is raised here."""
+    job_path = workdir / "job.json"
+    job_path.write_text(json.dumps(job))
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+            "WORLD_SIZE": str(processes), "OMP_NUM_THREADS": "1"}
+    procs = []
+    for rank in range(processes):
+        log = open(workdir / f"rank-{rank:05d}.log", "wb")
+        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "qual.workloads.checkpoint.ranks", str(job_path)], env=env,
+            stdout=log, stderr=None if rank == 0 else log))
+        log.close()
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.1)
+    finally:
+        _stop(procs)
+    errors = sorted((json.loads(p.read_text()) for p in Path(job["errors"]).glob("rank-*.json")),
+                    key=lambda e: e["at"])
+    if errors:  # the first failure is the cause; later ones are ranks losing their peer
+        e = errors[0]
+        cls = error_for(e["errno"])
+        raise cls(e["errno"], f"rank {e['rank']}: {e['message']}", op=e.get("op"),
+                  offset=e.get("offset"), target=e.get("target"))
+    if any(p.returncode != 0 for p in procs):
+        bad = next(i for i, p in enumerate(procs) if p.returncode != 0)
+        tail = (workdir / f"rank-{bad:05d}.log").read_text(errors="replace")[-2000:]
+        raise QualError(errno.EIO, f"rank {bad} exited with {procs[bad].returncode}: {tail}")
+    return json.loads(Path(job["result"]).read_text())
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None,
+        per_pass: int | None = None) -> dict:
+    """The checkpoint workload on a target's folder; returns rank 0's results."""
+    folder = target.directory
+    if folder is None:
+        raise TargetUnavailable(errno.ENOTSUP, "checkpoints need a filesystem: give a "
+                                "directory on the drive", target=target.spec)
+    plan = plan_of(table)
+    processes = table["ranks"] or plan.layout.ranks
+    folder.mkdir(parents=True, exist_ok=True)
+    store = CheckpointStore(folder)
+    store.create()
+    store.remove_partials()  # what an interrupted earlier run left
+    passes = table["passes"] if passes is None else passes
+    per_pass = checkpoints_per_pass(table, folder, plan.nbytes) if per_pass is None else per_pass
+    st = os.stat(folder)
+    workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
+    (workdir / "errors").mkdir()
+    job = {"root": str(folder), "plan": {k: table[k] for k in
+                                         ("model", "tp", "pp", "dp", "zero", "recipe", "scale")},
+           "passes": passes, "per_pass": per_pass, "retention": table["retention"],
+           "restore": table["restore"], "baseline": table["baseline"],
+           "baseline_bytes": table["baseline_bytes"], "chunk_size": table["chunk_size"],
+           "queue_depth": table["queue_depth"], "align": max(4096, target.align),
+           "backend": table["backend"], "direct": True, "pool": table["pool"], "seed": seed,
+           "timeout_s": table["timeout"], "result": str(workdir / "result.json"),
+           "errors": str(workdir / "errors"),
+           # device counters are only the checkpoint's when every rank runs on this host
+           "device": (f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+                      if processes == plan.layout.ranks and os.major(st.st_dev) else None)}
+    try:
+        result = launch(job, processes, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        store.remove_partials()
+    result["per_pass"] = per_pass
+    result["passes"] = passes
+    result["store"] = str(store.root)
+    return result
+
+
+def remove(target: Target) -> None:
+    """Every checkpoint qual made on the target."""
+    if target.directory is not None:
+        CheckpointStore(target.directory).remove_all()
+
+
+# ------------------------------------------------------------------ results into measurements
+
+
+def _check_device(what: str, seen: dict | None, key: str, moved: int, target: str) -> None:
+    if seen is not None and seen[key] < honesty.DEVICE_SHARE * moved:
+        raise honesty.ImplausibleMeasurement(
+            errno.EBADE, f"the device saw {seen[key] / 1e9:.3g} GB of a {what} that moved "
+            f"{moved / 1e9:.3g} GB: it did not reach the device", target=target)
+
+
+def pass_measurements(result: dict, target: str) -> list[Measurement]:
+    """Per pass: mean seconds per checkpoint, that as bandwidth, slowest rank's bandwidth;
+    per checkpoint: its seconds (informational)."""
+    out = []
+    size = result["checkpoints"][0]["bytes"] if result["checkpoints"] else 0
+    common = {"target": target, "backend": result["checkpoints"][0]["backend"] if size else None,
+              "world": result["world"], "plan": result["plan"], "per_pass": result["per_pass"],
+              "data_period": result["data_period"]}
+    out.append(measure(NAME, METRICS["ckpt_size"], {}, size, context=common))
+    for p in range(1, result["passes"] + 1):
+        mine = [c for c in result["checkpoints"] if c["pass"] == p]
+        for c in mine:
+            _check_device("checkpoint", c["device"], "write_bytes", c["bytes"], target)
+            out.append(measure(NAME, METRICS["ckpt_each_s"], {"pass": p, "index": c["index"]},
+                               c["seconds"], context={**common, "name": c["name"],
+                                                      "rank_seconds": c["rank_seconds"],
+                                                      "device": c["device"]}))
+        seconds = [c["seconds"] for c in mine]
+        mean = sum(seconds) / len(seconds)
+        slowest = [min(b / s for b, s in zip(c["rank_bytes"], c["rank_seconds"])) for c in mine]
+        ctx = {**common, "checkpoints": len(mine)}
+        out.append(measure(NAME, METRICS["ckpt_write_s"], {"pass": p}, mean, context=ctx,
+                           samples=seconds))
+        out.append(measure(NAME, METRICS["ckpt_write_bw"], {"pass": p}, size / mean, context=ctx,
+                           samples=[size / s for s in seconds]))
+        out.append(measure(NAME, METRICS["ckpt_rank_bw_min"], {"pass": p},
+                           sum(slowest) / len(slowest), context=ctx, samples=slowest))
+    return out
+
+
+def restore_measurements(result: dict, target: str) -> list[Measurement]:
+    r = result["restore"]
+    ctx = {"target": target, "checkpoint": r["path"], "errors": r["errors"],
+           "verified_bytes": r["verified_bytes"], "device": r["device"]}
+    out = [measure(NAME, METRICS["ckpt_restore_intact"], {}, 1.0 if r["intact"] else 0.0,
+                   context=ctx)]
+    if r["bytes"]:
+        _check_device("restore", r["device"], "read_bytes", r["bytes"], target)
+        out += [measure(NAME, METRICS["ckpt_restore_s"], {}, r["seconds"], context=ctx),
+                measure(NAME, METRICS["ckpt_restore_bw"], {}, r["bytes"] / r["seconds"],
+                        context=ctx)]
+    return out
+
+
+def baseline_measurements(result: dict, target: str) -> list[Measurement]:
+    t = result["torch"]
+    cold = t["load_device"] is None or \
+        t["load_device"]["read_bytes"] >= honesty.DEVICE_SHARE * t["file_bytes"]
+    ctx = {"target": target, "bytes": t["bytes"], "file_bytes": t["file_bytes"],
+           "save_s": t["save_s"], "load_s": t["load_s"], "load_from_device": cold,
+           "round_trip_equal": t["round_trip_equal"]}
+    save_bw, load_bw = t["bytes"] / t["save_s"], t["bytes"] / t["load_s"]
+    out = [measure(NAME, METRICS["torch_save_bw"], {}, save_bw, context=ctx),
+           measure(NAME, METRICS["torch_load_bw"], {}, load_bw, context=ctx)]
+    passes = [m for m in pass_measurements(result, target) if m.metric == "ckpt_write_bw"]
+    if passes:
+        native = sum(m.value for m in passes) / len(passes)
+        out.append(measure(NAME, METRICS["ckpt_save_speedup"], {}, native / save_bw,
+                           context={**ctx, "native_write_bw": native}))
+    if result["restore"] and result["restore"]["bytes"]:
+        native = result["restore"]["bytes"] / result["restore"]["seconds"]
+        out.append(measure(NAME, METRICS["ckpt_load_speedup"], {}, native / load_bw,
+                           context={**ctx, "native_restore_bw": native}))
+    return out

@@ -1,0 +1,298 @@
+"""From a model architecture, a parallel layout and a precision recipe to every rank's tensors
+(name, shape, dtype) in an LLM checkpoint, with the arithmetic that sizes it.
+
+The parameter count follows DLIO's checkpoint model (reference/dlio-mlperf-storage.md §1.5):
+N = 2·V·h (embedding and untied lm_head) + L·[2h (norms) + h·(h + 2·kv) (QKV) + h² (output
+projection) + 3·h·ffn (gated MLP)] + h (final norm), with kv = (h / heads) · kv_heads.
+Tensors are split as Megatron-LM splits them: column-parallel Q, K, V, gate and up and
+row-parallel output and down projections over tensor-parallel ranks, the embedding and lm_head
+by vocabulary, norms replicated; layers over pipeline stages with the first L mod PP stages
+holding one extra layer, stage 0 the embedding and the last stage the final norm and lm_head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# bytes per element of the dtypes a checkpoint holds
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "int64": 8}
+ABSMAX_BLOCK = 2048  # 8-bit Adam keeps one fp32 scale per block of values (bitsandbytes)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    note: str = ""
+
+    @property
+    def kv_dim(self) -> int:
+        return self.hidden // self.heads * self.kv_heads
+
+    def layer_weights(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, shape, how it is split over tensor-parallel ranks) of one layer."""
+        h, kv, f = self.hidden, self.kv_dim, self.ffn
+        return [
+            ("input_layernorm.weight", (h,), "replicated"),
+            ("self_attn.q_proj.weight", (h, h), "rows"),
+            ("self_attn.k_proj.weight", (kv, h), "rows"),
+            ("self_attn.v_proj.weight", (kv, h), "rows"),
+            ("self_attn.o_proj.weight", (h, h), "columns"),
+            ("post_attention_layernorm.weight", (h,), "replicated"),
+            ("mlp.gate_proj.weight", (f, h), "rows"),
+            ("mlp.up_proj.weight", (f, h), "rows"),
+            ("mlp.down_proj.weight", (h, f), "columns"),
+        ]
+
+    def parameters(self) -> int:
+        h, L = self.hidden, self.layers
+        per_layer = 2 * h + h * (h + 2 * self.kv_dim) + h * h + 3 * h * self.ffn
+        return 2 * self.vocab * h + L * per_layer + h
+
+
+MODELS = {
+    "llama3.1-8b": Architecture("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256),
+    "llama3.1-70b": Architecture("llama3.1-70b", 80, 8192, 28672, 64, 8, 128256),
+    # DLIO's and MLPerf Storage's 70B config: 128 heads, so K and V are half the real size
+    "llama3-70b-dlio": Architecture("llama3-70b-dlio", 80, 8192, 28672, 128, 8, 128256,
+                                    note="DLIO/MLPerf llama3_70b config (128 heads)"),
+    "llama3.1-405b": Architecture("llama3.1-405b", 126, 16384, 53248, 128, 8, 128256),
+}
+
+
+@dataclass(frozen=True)
+class State:
+    """One optimizer tensor kept per parameter tensor: its dtype, and how many values it holds
+    per parameter value (1 for a full copy; 1/2048 for 8-bit Adam's per-block scales)."""
+
+    name: str
+    dtype: str
+    per_value: float = 1.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    weights: str  # dtype of the model weights
+    states: tuple[State, ...]
+
+    def bytes_per_param(self) -> float:
+        return DTYPE_BYTES[self.weights] + sum(DTYPE_BYTES[s.dtype] * s.per_value
+                                               for s in self.states)
+
+
+RECIPES = {
+    # Megatron/DeepSpeed mixed-precision Adam, what DLIO and MLPerf Storage model: 2 + 4 + 4 + 4
+    "mixed-adam": Recipe("mixed-adam", "bf16 weights + fp32 master copy + fp32 Adam m and v "
+                         "(14 B/param, as DLIO and MLPerf Storage size checkpoints)", "bfloat16",
+                         (State("master", "float32"), State("exp_avg", "float32"),
+                          State("exp_avg_sq", "float32"))),
+    # ~4 B/param: the only standard state that gives seed 004's 1,636 GB for 405B
+    # (reference/dlio-mlperf-storage.md §4)
+    "bf16-adam8bit": Recipe("bf16-adam8bit", "bf16 weights + 8-bit Adam m and v with an fp32 "
+                            "scale per 2048 values (~4 B/param; reproduces seed 004's 1,636 GB "
+                            "for LLaMA 3.1 405B)", "bfloat16",
+                            (State("exp_avg", "uint8"), State("exp_avg_sq", "uint8"),
+                             State("exp_avg.absmax", "float32", 1 / ABSMAX_BLOCK),
+                             State("exp_avg_sq.absmax", "float32", 1 / ABSMAX_BLOCK))),
+    "fp32-weights": Recipe("fp32-weights", "fp32 weights only (4 B/param)", "float32", ()),
+    "bf16-weights": Recipe("bf16-weights", "bf16 weights only (2 B/param)", "bfloat16", ()),
+}
+
+
+# Published sizes the plans reproduce: DLIO / MLPerf Storage (reference/dlio-mlperf-storage.md
+# §1.5, "GB" there being GiB) and seed 004 (DOMAIN §3, decimal GB).
+REFERENCES = {
+    ("llama3.1-8b", "mixed-adam"): (105 * 2**30, "DLIO/MLPerf Storage llama3-8b, 105 GiB"),
+    ("llama3-70b-dlio", "mixed-adam"): (911 * 2**30, "DLIO/MLPerf Storage llama3-70b, 911 GiB"),
+    ("llama3.1-405b", "mixed-adam"): (5292 * 2**30, "DLIO/MLPerf Storage llama3-405b, 5,292 GiB"),
+    ("llama3.1-405b", "bf16-adam8bit"): (1636e9, "seed 004, LLaMA 3.1 405B TP4 x PP2, 1,636 GB"),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Tensor-parallel x pipeline-parallel x data-parallel ranks and ZeRO stage: 0 (the
+    first data-parallel group writes everything), 1 (optimizer state split over data-parallel
+    ranks, weights from the first group) or 3 (weights split too)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(dp, pp, tp) of a rank; tensor-parallel ranks are adjacent, as in Megatron-LM."""
+        return rank // (self.tp * self.pp), rank // self.tp % self.pp, rank % self.tp
+
+    def stage_layers(self, layers: int, stage: int) -> range:
+        base, extra = divmod(layers, self.pp)
+        start = stage * base + min(stage, extra)
+        return range(start, start + base + (stage < extra))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    group: str  # weights | optimizer | state
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    coords: tuple[int, int, int]
+    tensors: tuple[TensorSpec, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def group_bytes(self, group: str) -> int:
+        return sum(t.nbytes for t in self.tensors if t.group == group)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: Architecture
+    layout: Layout
+    recipe: Recipe
+    scale: float
+    ranks: tuple[RankPlan, ...] = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.ranks)
+
+    @property
+    def tensors(self) -> int:
+        return sum(len(r.tensors) for r in self.ranks)
+
+    def summary(self) -> dict:
+        return {"model": self.model.name, "recipe": self.recipe.name, "tp": self.layout.tp,
+                "pp": self.layout.pp, "dp": self.layout.dp, "zero": self.layout.zero,
+                "scale": self.scale, "ranks": self.layout.ranks, "bytes": self.nbytes,
+                "tensors": self.tensors, "parameters": self.model.parameters()}
+
+
+def _split(shape: tuple[int, ...], how: str, tp: int) -> tuple[int, ...]:
+    if how == "replicated" or tp == 1:
+        return shape
+    axis = 0 if how == "rows" else 1
+    if shape[axis] % tp:
+        raise ValueError(f"dimension {shape[axis]} does not split over {tp} tensor-parallel ranks")
+    return tuple(d // tp if i == axis else d for i, d in enumerate(shape))
+
+
+def _stage_weights(model: Architecture, layout: Layout, stage: int, tp: int):
+    """(name, shape of this tensor-parallel rank's shard) for one pipeline stage."""
+    vocab = ("rows", (model.vocab, model.hidden))
+    if stage == 0:
+        yield "model.embed_tokens.weight", _split(vocab[1], vocab[0], tp)
+    for i in layout.stage_layers(model.layers, stage):
+        for name, shape, how in model.layer_weights():
+            yield f"model.layers.{i}.{name}", _split(shape, how, tp)
+    if stage == layout.pp - 1:
+        yield "model.norm.weight", (model.hidden,)
+        yield "lm_head.weight", _split(vocab[1], vocab[0], tp)
+
+
+def _scaled(shape: tuple[int, ...], scale: float, parts: int = 1) -> tuple[int, ...]:
+    """A shard of 1/parts of a tensor, shrunk by scale; a scaled tensor is stored flat."""
+    numel = math.prod(shape)
+    if scale == 1 and parts == 1:
+        return shape
+    return (max(1, round(numel * scale / parts)),)
+
+
+def build_plan(model: str | Architecture, layout: Layout, recipe: str | Recipe,
+               scale: float = 1.0) -> Plan:
+    """Every rank's tensors. scale < 1 shrinks every tensor by that factor (stored flat),
+    keeping the rank count, the tensor count and how the bytes are spread over them."""
+    arch = MODELS[model] if isinstance(model, str) else model
+    rec = RECIPES[recipe] if isinstance(recipe, str) else recipe
+    if not 0 < scale <= 1:
+        raise ValueError(f"scale {scale} is outside (0, 1]")
+    if layout.pp > arch.layers:
+        raise ValueError(f"{layout.pp} pipeline stages for {arch.layers} layers")
+    if layout.zero not in (0, 1, 3):
+        raise ValueError(f"ZeRO stage {layout.zero} is not 0, 1 or 3")
+    ranks = []
+    for rank in range(layout.ranks):
+        dp, stage, tp = layout.coords(rank)
+        tensors = []
+        writes_weights = dp == 0 or layout.zero == 3
+        writes_state = dp == 0 or layout.zero in (1, 3)
+        # ZeRO splits the data-parallel replicas' share evenly; without it only dp 0 writes
+        w_parts = layout.dp if layout.zero == 3 else 1
+        s_parts = layout.dp if layout.zero in (1, 3) else 1
+        for name, shape in _stage_weights(arch, layout, stage, layout.tp):
+            if writes_weights:
+                tensors.append(TensorSpec(name, _scaled(shape, scale, w_parts), rec.weights,
+                                          "weights"))
+            if writes_state:
+                for st in rec.states:
+                    base = shape if st.per_value == 1 else \
+                        (max(1, math.ceil(math.prod(shape) * st.per_value)),)
+                    tensors.append(TensorSpec(f"optimizer.{st.name}.{name}",
+                                              _scaled(base, scale, s_parts), st.dtype, "optimizer"))
+        if writes_state and rec.states:
+            tensors.append(TensorSpec("optimizer.step", (1,), "int64", "state"))
+        ranks.append(RankPlan(rank, (dp, stage, tp), tuple(tensors)))
+    return Plan(arch, layout, rec, scale, tuple(ranks))
+
+
+def describe(plan: Plan) -> str:
+    """The derivation of a plan's size, for `qual checkpoint --plan`."""
+    m, lay, rec = plan.model, plan.layout, plan.recipe
+    h, L, kv, V = m.hidden, m.layers, m.kv_dim, m.vocab
+    per_layer = 2 * h + h * (h + 2 * kv) + h * h + 3 * h * m.ffn
+    n = m.parameters()
+    lines = [
+        f"model {m.name}: {L} layers, hidden {h}, FFN {m.ffn}, {m.heads} heads "
+        f"({m.kv_heads} KV heads, KV width {kv}), vocabulary {V}" + (f" [{m.note}]" if m.note else ""),
+        "parameters = 2*V*h + L*(2h + h*(h + 2*kv) + h^2 + 3*h*ffn) + h",
+        f"           = 2*{V}*{h} + {L}*{per_layer:,} + {h} = {n:,} ({n / 1e9:.2f} B)",
+        f"recipe {rec.name}: {rec.description}",
+        f"           {rec.bytes_per_param():.4f} B/param x {n:,} = {n * rec.bytes_per_param() / 1e9:,.1f} GB",
+        f"layout TP{lay.tp} x PP{lay.pp} x DP{lay.dp} (ZeRO {lay.zero}): {lay.ranks} ranks"
+        + (f", every tensor scaled by {plan.scale:g}" if plan.scale != 1 else ""),
+        "",
+        f"{'rank':>5} {'dp,pp,tp':>9} {'tensors':>8} {'weights':>12} {'optimizer':>12} {'total':>12}",
+    ]
+    for r in plan.ranks:
+        lines.append(f"{r.rank:>5} {','.join(map(str, r.coords)):>9} {len(r.tensors):>8} "
+                     f"{_gb(r.group_bytes('weights')):>12} {_gb(r.group_bytes('optimizer')):>12} "
+                     f"{_gb(r.nbytes):>12}")
+    total = plan.nbytes
+    lines += ["", f"checkpoint: {total:,} bytes = {total / 1e9:,.2f} GB = {total / 2**30:,.2f} GiB "
+                  f"in {plan.tensors:,} tensors, {lay.ranks} files"]
+    reference = REFERENCES.get((m.name, rec.name))
+    if reference and plan.scale == 1:
+        ref, label = reference
+        lines.append(f"reference: {label}; this plan is {(total / ref - 1) * 100:+.2f} % of it")
+    return "\n".join(lines)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.3f} GB"

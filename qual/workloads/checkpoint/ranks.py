@@ -1,0 +1,312 @@
+"""One checkpoint rank as a process: joins the torch.distributed (gloo) group, writes its share
+of every checkpoint from a common barrier, restores and verifies it, and times torch.save and
+torch.load of the same tensors; rank 0 commits each checkpoint and writes the results.
+
+Started by the workload (one process per local rank) or by torchrun; it reads RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun sets them.
+
+    python -m qual.workloads.checkpoint.ranks JOB.json
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from qual import engine
+from qual.engine import DataMismatch, QualError
+from qual.target import device_stat
+from qual.workloads.checkpoint.plan import DTYPE_BYTES, Layout, RankPlan, build_plan
+from qual.workloads.checkpoint.store import CheckpointStore, IncompleteCheckpoint, rank_file
+
+TENSOR_ALIGN = 64  # every tensor starts on a 64-byte boundary in its file
+
+
+def file_layout(rank: RankPlan, align: int) -> tuple[list[int], int]:
+    """Offset of every tensor in the rank's file, and the file's size (a multiple of align)."""
+    offsets, end = [], 0
+    for t in rank.tensors:
+        end = -(-end // TENSOR_ALIGN) * TENSOR_ALIGN
+        offsets.append(end)
+        end += t.nbytes
+    return offsets, max(align, -(-end // align) * align)
+
+
+def pool_positions(rank: RankPlan, offsets: list[int], pool_bytes: int) -> list[int]:
+    """Where each tensor's bytes live in a rank's pool of random data. When the rank's state
+    is larger than the pool, tensors share pool bytes (the data repeats with that period)."""
+    positions = []
+    for t, off in zip(rank.tensors, offsets):
+        room = pool_bytes - t.nbytes + 1
+        positions.append(off if off + t.nbytes <= pool_bytes else off % room)
+    return positions
+
+
+class Rank:
+    def __init__(self, job: dict, rank: int, world: int):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.job, self.rank, self.world = job, rank, world
+        p = job["plan"]
+        self.plan = build_plan(p["model"], Layout(p["tp"], p["pp"], p["dp"], p["zero"]),
+                               p["recipe"], p["scale"])
+        if world > len(self.plan.ranks):
+            raise QualError(errno.EINVAL, f"{world} processes for a {len(self.plan.ranks)}-rank layout")
+        self.me = self.plan.ranks[rank]
+        self.offsets, self.file_size = file_layout(self.me, job["align"])
+        self.image = max((off + t.nbytes for t, off in zip(self.me.tensors, self.offsets)),
+                         default=1)
+        largest = max((t.nbytes for t in self.me.tensors), default=0)
+        self.pool_bytes = max(min(self.image, job["pool"]), largest, 1)
+        self.positions = pool_positions(self.me, self.offsets, self.pool_bytes)
+        self.src = np.empty(self.pool_bytes, dtype=np.uint8)
+        engine.fill_random(self.src, job["seed"] * 1_000_003 + rank)
+        self.spans = [(off, self.src[pos:pos + t.nbytes])
+                      for t, off, pos in zip(self.me.tensors, self.offsets, self.positions)]
+        self.store = CheckpointStore(job["root"])
+        self.dev = job.get("device")  # "major:minor" of the target's block device, or None
+
+    # ---- helpers
+
+    def io(self) -> dict:
+        j = self.job
+        return {"chunk_size": j["chunk_size"], "queue_depth": j["queue_depth"],
+                "align": j["align"], "backend": j["backend"], "direct": j["direct"]}
+
+    def gather(self, obj):
+        out = [None] * self.world if self.rank == 0 else None
+        self.dist.gather_object(obj, out, dst=0)
+        return out
+
+    def broadcast(self, obj):
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def device(self):
+        if self.dev is None or self.rank != 0:
+            return None
+        major, minor = map(int, self.dev.split(":"))
+        return device_stat(os.makedev(major, minor))
+
+    def say(self, text: str) -> None:
+        if self.rank == 0:
+            print(f"[checkpoint] {text}", file=sys.stderr, flush=True)
+
+    # ---- the phases
+
+    def write(self, name: str) -> dict | None:
+        """One checkpoint: from a barrier to the commit; rank 0 returns its record."""
+        partial = self.store.root / f"{name}.partial"
+        if self.rank == 0:
+            self.store.begin(name)
+        before = self.device()
+        self.dist.barrier()
+        t0 = time.monotonic()
+        crcs, res = engine.write_checkpoint_file(str(partial / rank_file(self.rank)), self.spans,
+                                                 self.file_size, **self.io())
+        seconds = time.monotonic() - t0
+        table = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "offset": off,
+                  "nbytes": t.nbytes} for t, off in zip(self.me.tensors, self.offsets)]
+        info = {"rank": self.rank, "file": rank_file(self.rank), "file_size": self.file_size,
+                "crcs": crcs, "tensors": table, "seconds": seconds, "bytes": self.me.nbytes,
+                "backend": res.backend, "sync_s": res.sync, "cpu_s": res.cpu_user + res.cpu_sys}
+        everyone = self.gather(info)
+        if self.rank != 0:
+            return None
+        timing = [{k: r.pop(k) for k in ("seconds", "bytes", "backend", "sync_s", "cpu_s")}
+                  for r in everyone]
+        self.store.commit(partial, {"name": name, "plan": self.plan.summary(),
+                                    "chunk_size": self.job["chunk_size"],
+                                    "align": self.job["align"], "ranks": everyone})
+        seconds = time.monotonic() - t0
+        after = self.device()
+        return {"name": name, "seconds": seconds, "bytes": sum(t["bytes"] for t in timing),
+                "rank_seconds": [t["seconds"] for t in timing],
+                "rank_bytes": [t["bytes"] for t in timing],
+                "backend": timing[0]["backend"], "sync_s": max(t["sync_s"] for t in timing),
+                "device": after.since(before) if before and after else None}
+
+    def restore(self) -> dict | None:
+        """Read back the newest committed checkpoint into fresh memory and compare."""
+        found = None
+        if self.rank == 0:
+            done = self.store.complete()
+            try:
+                if not done:
+                    raise IncompleteCheckpoint(errno.ENODATA, "no committed checkpoint to restore",
+                                               target=str(self.store.root))
+                found = {"path": str(done[-1]), "manifest": self.store.load(done[-1])}
+            except (DataMismatch, IncompleteCheckpoint) as e:
+                found = {"error": str(e)}
+        found = self.broadcast(found)
+        dst = np.zeros(self.pool_bytes, dtype=np.uint8)
+        outcome = {"rank": self.rank, "seconds": 0.0, "bytes": 0, "intact": False,
+                   "error": found.get("error")}
+        before = self.device()
+        self.dist.barrier()
+        t0 = time.monotonic()
+        if outcome["error"] is None:
+            mine = found["manifest"]["ranks"][self.rank]
+            expected = [(t["name"], t["offset"]) for t in mine["tensors"]]
+            if expected != [(t.name, off) for t, off in zip(self.me.tensors, self.offsets)]:
+                outcome["error"] = f"{mine['file']} was written for another plan"
+            else:
+                spans = [(off, dst[pos:pos + t.nbytes])
+                         for t, off, pos in zip(self.me.tensors, self.offsets, self.positions)]
+                path = Path(found["path"]) / mine["file"]
+                _drop_cache(path)
+                try:
+                    res = engine.read_checkpoint_file(str(path), spans, mine["file_size"],
+                                                      mine["crcs"], **self.io())
+                    outcome["bytes"] = self.me.nbytes
+                    outcome["intact"] = all(np.array_equal(dst[pos:pos + t.nbytes],
+                                                           self.src[pos:pos + t.nbytes])
+                                            for t, pos in zip(self.me.tensors, self.positions))
+                    outcome["backend"] = res.backend
+                    if not outcome["intact"]:
+                        outcome["error"] = "restored bytes differ from the bytes written"
+                except DataMismatch as e:
+                    outcome["error"] = str(e)
+        outcome["seconds"] = time.monotonic() - t0
+        everyone = self.gather(outcome)
+        if self.rank != 0:
+            return None
+        after = self.device()
+        return {"path": found.get("path"), "seconds": max(r["seconds"] for r in everyone),
+                "bytes": sum(r["bytes"] for r in everyone),
+                "intact": all(r["intact"] for r in everyone),
+                "errors": [f"rank {r['rank']}: {r['error']}" for r in everyone if r["error"]],
+                "verified_bytes": sum(min(self.pool_bytes, r["bytes"]) for r in everyone),
+                "device": after.since(before) if before and after else None}
+
+    def torch_baseline(self) -> dict | None:
+        """torch.save (+ fsync) and torch.load of this rank's first tensors, up to the
+        baseline size, each tensor in its own storage as a model's state dict holds them."""
+        import torch
+
+        dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                  "float32": torch.float32, "uint8": torch.uint8, "int64": torch.int64}
+        state, size = {}, 0
+        for t, pos in zip(self.me.tensors, self.positions):
+            if state and size + t.nbytes > self.job["baseline_bytes"]:
+                break
+            raw = torch.from_numpy(self.src[pos:pos + t.nbytes].copy())
+            state[t.name] = raw.view(dtypes[t.dtype]).reshape(t.shape)
+            size += t.nbytes
+        folder = self.store.root / "torch-baseline"
+        if self.rank == 0:
+            folder.mkdir(exist_ok=True)
+        path = folder / f"rank-{self.rank:05d}.pt"
+        self.dist.barrier()
+        t0 = time.monotonic()
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        save_s = time.monotonic() - t0
+        _drop_cache(path)
+        before = self.device()
+        self.dist.barrier()
+        t0 = time.monotonic()
+        loaded = torch.load(path, weights_only=True)
+        load_s = time.monotonic() - t0
+        after = self.device()
+        same = all(torch.equal(loaded[k].view(torch.uint8), v.view(torch.uint8))
+                   for k, v in state.items())
+        file_bytes = path.stat().st_size
+        everyone = self.gather({"save_s": save_s, "load_s": load_s, "bytes": size,
+                                "file_bytes": file_bytes, "same": same})
+        self.dist.barrier()
+        path.unlink()
+        if self.rank != 0:
+            return None
+        folder.rmdir()
+        total = sum(r["bytes"] for r in everyone)
+        return {"bytes": total, "save_s": max(r["save_s"] for r in everyone),
+                "load_s": max(r["load_s"] for r in everyone),
+                "file_bytes": sum(r["file_bytes"] for r in everyone),
+                "load_device": after.since(before) if before and after else None,
+                "round_trip_equal": all(r["same"] for r in everyone)}
+
+    def run(self) -> dict | None:
+        job = self.job
+        start = self.broadcast(self.store.next_name() if self.rank == 0 else None)
+        seq = int(start.split("-")[1])
+        checkpoints = []
+        total = job["passes"] * job["per_pass"]
+        for p in range(1, job["passes"] + 1):
+            for i in range(1, job["per_pass"] + 1):
+                rec = self.write(f"ckpt-{seq:06d}")
+                seq += 1
+                if rec:
+                    rec.update({"pass": p, "index": i})
+                    checkpoints.append(rec)
+                    self.say(f"{len(checkpoints)}/{total} (pass {p}): {rec['bytes'] / 1e9:.3f} GB "
+                             f"in {rec['seconds']:.2f} s ({rec['bytes'] / rec['seconds'] / 1e9:.2f} GB/s)")
+            if self.rank == 0:
+                self.store.prune(job["retention"])
+            self.dist.barrier()
+        restore = self.restore() if job["restore"] else None
+        baseline = self.torch_baseline() if job["baseline"] else None
+        if self.rank != 0:
+            return None
+        return {"plan": self.plan.summary(), "world": self.world,
+                "rank_bytes": [r.nbytes for r in self.plan.ranks[:self.world]],
+                "pool_bytes": self.pool_bytes,
+                "data_period": self.pool_bytes if self.pool_bytes < self.image else None,
+                "checkpoints": checkpoints, "restore": restore, "torch": baseline,
+                "kept": [p.name for p in self.store.complete()]}
+
+
+def _drop_cache(path: Path) -> None:
+    """Evict a file's pages, so a read comes from the device (a clean page goes at once)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    job_path = Path(argv[0])
+    job = json.loads(job_path.read_text())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=job["timeout_s"]))
+        result = Rank(job, rank, world).run()
+        if result is not None:
+            _write_json(Path(job["result"]), result)
+        dist.destroy_process_group()
+        return 0
+    except QualError as e:
+        error = {"rank": rank, "errno": e.errno, "message": e.message, "op": e.op,
+                 "offset": e.offset, "target": e.target, "class": type(e).__name__}
+    except Exception as e:  # noqa: BLE001 - reported to the launcher, which re-raises it
+        error = {"rank": rank, "errno": errno.EIO, "message": f"{type(e).__name__}: {e}",
+                 "trace": traceback.format_exc(), "class": "QualError"}
+    error["at"] = time.time()  # the launcher reports the first failure: the cause
+    _write_json(Path(job["errors"]) / f"rank-{rank:05d}.json", error)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,53 @@
+"""Checkpoint qualification, seed 004's procedure: passes of LLM checkpoints that fill the
+target, the mean seconds per checkpoint of every pass judged against the profile, the last
+checkpoint restored and verified bit for bit, and torch.save / torch.load for comparison."""
+
+import allure
+import pytest
+
+from qual import report
+from qual.workloads import checkpoint
+
+pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive]
+
+
+@pytest.fixture(scope="module")
+def table(profile):
+    table = profile.table(checkpoint.NAME)
+    if table is None:
+        pytest.skip(f"profile {profile.name} has no [checkpoint] table")
+    return table
+
+
+@pytest.fixture(scope="module")
+def outcome(table, target, request):
+    if target.directory is None:
+        pytest.skip("checkpoints need a filesystem: qualify a directory on the drive")
+    try:
+        yield checkpoint.run(target, table, seed=request.config.option.qual_seed)
+    finally:
+        if not request.config.option.qual_keep_scratch:
+            checkpoint.remove(target)
+
+
+@allure.feature("checkpoint passes")
+def test_passes(outcome, target, record):
+    """Mean seconds per checkpoint in every pass, and each checkpoint's own seconds."""
+    record.add(checkpoint.pass_measurements(outcome, str(target.path)))
+    record.attach("seconds per checkpoint", report.checkpoint_seconds_chart(outcome))
+
+
+@allure.feature("checkpoint restore")
+def test_restore(outcome, table, target, record):
+    """The last checkpoint read back, every chunk's CRC32C checked, every byte compared."""
+    if not table["restore"]:
+        pytest.skip("the profile does not restore")
+    record.add(checkpoint.restore_measurements(outcome, str(target.path)))
+
+
+@allure.feature("torch baseline")
+def test_torch_baseline(outcome, table, target, record):
+    """torch.save (+ fsync) and torch.load of the same tensors on the same target."""
+    if not table["baseline"]:
+        pytest.skip("the profile has no torch baseline")
+    record.add(checkpoint.baseline_measurements(outcome, str(target.path)))

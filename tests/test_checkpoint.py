@@ -1,0 +1,340 @@
+"""The checkpoint workload: plan sizes against the published figures, the file engine on
+known data, atomic commit and restore integrity, ENOSPC on a real small filesystem, and
+ranks as real processes."""
+
+import errno
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qual import engine
+from qual.engine import DataMismatch, NoSpace, QualError
+from qual.target import Target
+from qual.thresholds import family_table
+from qual.workloads import checkpoint
+from qual.workloads.checkpoint.plan import (DTYPE_BYTES, REFERENCES, Layout, build_plan,
+                                            describe)
+from qual.workloads.checkpoint.store import MANIFEST, CheckpointStore, IncompleteCheckpoint
+from testbed import TINY_ALL, load_record, needs_root, run_suite
+
+GiB = 2**30
+
+
+def tiny(**over):
+    """A checkpoint table small enough for a test: 2 ranks, about 11 MB per checkpoint."""
+    given = {"model": "llama3.1-8b", "tp": 2, "scale": 1e-4, "passes": 1, "per_pass": 1,
+             "retention": 2, "restore": False, "baseline": False, "chunk_size": "256 KiB"}
+    given.update(over)
+    return family_table(checkpoint.NAME, given)
+
+
+# ------------------------------------------------------------------ the plan
+
+
+@pytest.mark.parametrize("model, recipe, layout, expect", [
+    ("llama3.1-8b", "mixed-adam", Layout(1, 1, 8, 3), 105),
+    ("llama3-70b-dlio", "mixed-adam", Layout(8, 1, 8, 3), 911),
+    ("llama3.1-405b", "mixed-adam", Layout(8, 32, 2, 1), 5292),
+])
+def test_plan_sizes_match_dlio_and_mlperf(model, recipe, layout, expect):
+    """14 B/param, in the layouts MLPerf Storage publishes (reference §1.5, GiB)."""
+    plan = build_plan(model, layout, recipe)
+    assert round(plan.nbytes / GiB) == expect
+    assert REFERENCES[(model, recipe)][0] == expect * GiB
+
+
+def test_seed_recipe_gives_1636_gb_for_405b_on_tp4_pp2():
+    plan = build_plan("llama3.1-405b", Layout(4, 2), "bf16-adam8bit")
+    assert plan.nbytes == pytest.approx(1636e9, rel=0.01)
+    assert plan.model.parameters() == 405_853_388_800
+    text = describe(plan)
+    assert "seed 004" in text and "-0.67 %" in text and "8 files" in text
+
+
+def test_layout_moves_bytes_between_ranks_not_the_total():
+    totals = [build_plan("llama3.1-8b", lay, "mixed-adam").nbytes
+              for lay in (Layout(), Layout(4, 2), Layout(2, 4, 2, 1), Layout(1, 2, 4, 3))]
+    # only the norms, copied on every tensor-parallel rank, add to the total
+    assert max(totals) / min(totals) - 1 < 1e-4
+
+
+def test_pipeline_stages_and_tensor_shards():
+    plan = build_plan("llama3.1-8b", Layout(tp=2, pp=3), "bf16-weights")
+    names = {r.coords: {t.name: t for t in r.tensors} for r in plan.ranks}
+    first, last = names[(0, 0, 0)], names[(0, 2, 1)]
+    assert "model.embed_tokens.weight" in first and "lm_head.weight" not in first
+    assert "lm_head.weight" in last and "model.norm.weight" in last
+    # 32 layers over 3 stages: 11, 11, 10 (the first L mod PP stages take one more)
+    layers = [{n.split(".")[2] for n in names[(0, s, 0)] if n.startswith("model.layers.")}
+              for s in range(3)]
+    assert [len(x) for x in layers] == [11, 11, 10]
+    q = first["model.layers.0.self_attn.q_proj.weight"]
+    o = first["model.layers.0.self_attn.o_proj.weight"]
+    assert q.shape == (2048, 4096) and o.shape == (4096, 2048)  # column / row parallel
+    assert first["model.layers.0.input_layernorm.weight"].shape == (4096,)  # replicated
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_zero_stages_decide_who_writes_what(zero):
+    plan = build_plan("llama3.1-8b", Layout(tp=1, pp=1, dp=2, zero=zero), "mixed-adam")
+    a, b = plan.ranks
+    assert a.group_bytes("weights") > 0 and a.group_bytes("optimizer") > 0
+    assert (b.group_bytes("weights") > 0) == (zero == 3)
+    assert (b.group_bytes("optimizer") > 0) == (zero in (1, 3))
+    whole = build_plan("llama3.1-8b", Layout(), "mixed-adam").nbytes
+    assert abs(plan.nbytes - whole) <= 64  # sharding moves bytes, rounding aside
+
+
+def test_scale_keeps_ranks_tensors_and_the_size_distribution():
+    full = build_plan("llama3.1-405b", Layout(4, 2), "bf16-adam8bit")
+    small = build_plan("llama3.1-405b", Layout(4, 2), "bf16-adam8bit", scale=1e-4)
+    assert len(small.ranks) == len(full.ranks) and small.tensors == full.tensors
+    assert small.nbytes == pytest.approx(full.nbytes * 1e-4, rel=1e-3)
+    for a, b in zip(full.ranks[0].tensors, small.ranks[0].tensors):
+        assert a.name == b.name and a.dtype == b.dtype
+        assert abs(b.numel - a.numel * 1e-4) <= 1 or b.numel == 1
+
+
+# ------------------------------------------------------------------ the file engine
+
+
+DTYPES = sorted(DTYPE_BYTES)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tensors=st.lists(st.tuples(st.lists(st.integers(1, 300), min_size=0, max_size=3),
+                                  st.sampled_from(DTYPES)), min_size=1, max_size=12),
+       chunk=st.sampled_from([4096, 12288, 65536, 1 << 20]), depth=st.integers(1, 8),
+       backend=st.sampled_from(["io_uring", "psync"]), seed=st.integers(0, 2**32))
+def test_write_then_restore_is_bit_identical(tmp_path_factory, tensors, chunk, depth, backend,
+                                             seed):
+    rng = np.random.default_rng(seed)
+    spans, offset = [], 0
+    for shape, dtype in tensors:
+        nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
+        offset = -(-offset // 64) * 64
+        spans.append((offset, rng.integers(0, 256, nbytes, dtype=np.uint8)))
+        offset += nbytes
+    size = max(4096, -(-offset // 4096) * 4096)
+    path = str(tmp_path_factory.mktemp("ckpt") / "rank.bin")
+    io = dict(chunk_size=chunk, queue_depth=depth, backend=backend)
+    crcs, written = engine.write_checkpoint_file(path, spans, size, **io)
+    assert written.bytes == size and len(crcs) == -(-size // chunk)
+    back = [(off, np.zeros_like(a)) for off, a in spans]
+    engine.read_checkpoint_file(path, back, size, crcs, **io)
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(spans, back))
+
+
+def test_a_flipped_byte_fails_its_chunk_crc(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
+    path = tmp_path / "r.bin"
+    crcs, _ = engine.write_checkpoint_file(str(path), [(0, data)], 3 << 20, chunk_size=1 << 20)
+    with open(path, "r+b") as f:
+        f.seek((2 << 20) + 77)
+        b = f.read(1)
+        f.seek((2 << 20) + 77)
+        f.write(bytes([b[0] ^ 0x10]))
+    with pytest.raises(DataMismatch, match=r"bytes 2097152\.\.3145728 fail their CRC32C"):
+        engine.read_checkpoint_file(str(path), [(0, np.zeros_like(data))], 3 << 20, crcs,
+                                    chunk_size=1 << 20)
+
+
+def test_the_file_must_be_new(tmp_path):
+    path = tmp_path / "exists.bin"
+    path.write_bytes(b"keep me")
+    with pytest.raises(QualError) as e:
+        engine.write_checkpoint_file(str(path), [], 4096)
+    assert e.value.errno == errno.EEXIST and path.read_bytes() == b"keep me"
+
+
+# ------------------------------------------------------------------ the store
+
+
+def test_an_uncommitted_checkpoint_is_refused_and_removed(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.create()
+    partial = store.begin("ckpt-000001")
+    (partial / "rank-00000.bin").write_bytes(b"\0" * 4096)
+    assert store.complete() == []
+    with pytest.raises(IncompleteCheckpoint, match="never committed"):
+        store.load(partial)
+    assert store.remove_partials() == [partial] and not partial.exists()
+
+
+def test_manifest_corruption_is_named(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.create()
+    ckpt = store.commit(store.begin("ckpt-000001"), {"name": "x", "ranks": [], "plan": {}})
+    assert store.load(ckpt)["name"] == "x"
+    manifest = ckpt / MANIFEST
+    good = manifest.read_bytes()
+    manifest.write_bytes(good.replace(b'"name": "x"', b'"name": "y"'))  # still JSON
+    with pytest.raises(DataMismatch, match="CRC32C does not match"):
+        store.load(ckpt)
+    manifest.write_bytes(good.replace(b"{", b"[", 1))  # no longer JSON
+    with pytest.raises(DataMismatch, match="not JSON"):
+        store.load(ckpt)
+    manifest.unlink()
+    with pytest.raises(IncompleteCheckpoint, match="no manifest"):
+        store.load(ckpt)
+
+
+def test_a_folder_qual_did_not_make_is_left_alone(tmp_path):
+    theirs = tmp_path / "qual-checkpoints"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(QualError, match="was not made by qual"):
+        store.create()
+    store.remove_all()
+    assert (theirs / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------ ranks as processes
+
+
+def test_two_ranks_write_restore_and_keep_the_newest(tmp_path):
+    result = checkpoint.run(Target(tmp_path), tiny(passes=2, per_pass=2, retention=1,
+                                                   restore=True, baseline=True,
+                                                   baseline_bytes="2 MiB"))
+    assert result["world"] == 2 and len(result["checkpoints"]) == 4
+    assert [c["pass"] for c in result["checkpoints"]] == [1, 1, 2, 2]
+    assert result["kept"] == ["ckpt-000004"]
+    restore = result["restore"]
+    assert restore["intact"] and restore["errors"] == [] and restore["path"].endswith("ckpt-000004")
+    assert restore["verified_bytes"] == restore["bytes"] == result["plan"]["bytes"]
+    assert result["torch"]["round_trip_equal"]
+    manifest = json.loads((tmp_path / "qual-checkpoints" / "ckpt-000004" / MANIFEST).read_text())
+    assert [r["rank"] for r in manifest["ranks"]] == [0, 1]
+    assert sum(len(r["tensors"]) for r in manifest["ranks"]) == result["plan"]["tensors"]
+    measurements = (checkpoint.pass_measurements(result, "t") +
+                    checkpoint.restore_measurements(result, "t") +
+                    checkpoint.baseline_measurements(result, "t"))
+    ids = {m.id for m in measurements}
+    assert {"ckpt_write_s[pass=1]", "ckpt_write_bw[pass=2]", "ckpt_each_s[pass=2,index=2]",
+            "ckpt_restore_intact", "torch_save_bw", "ckpt_save_speedup"} <= ids
+
+
+def test_four_rank_processes(tmp_path):
+    result = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, restore=True))
+    assert result["world"] == 4 and result["restore"]["intact"]
+    assert len(result["checkpoints"][0]["rank_seconds"]) == 4
+
+
+def test_a_flipped_byte_in_a_data_file_is_caught_on_restore(tmp_path):
+    target = Target(tmp_path)
+    checkpoint.run(target, tiny())
+    data = tmp_path / "qual-checkpoints" / "ckpt-000001" / "rank-00001.bin"
+    with open(data, "r+b") as f:
+        f.seek(100_000)
+        b = f.read(1)
+        f.seek(100_000)
+        f.write(bytes([b[0] ^ 1]))
+    result = checkpoint.run(target, tiny(restore=True), passes=0)
+    restore = result["restore"]
+    assert not restore["intact"]
+    (error,) = restore["errors"]
+    assert error.startswith("rank 1:") and "fail their CRC32C" in error
+    (intact,) = checkpoint.restore_measurements(result, "t")[:1]
+    assert intact.value == 0.0
+
+
+def test_a_corrupt_manifest_is_refused_on_restore(tmp_path):
+    target = Target(tmp_path)
+    checkpoint.run(target, tiny())
+    manifest = tmp_path / "qual-checkpoints" / "ckpt-000001" / MANIFEST
+    manifest.write_bytes(manifest.read_bytes().replace(b'"rank": 1', b'"rank": 7'))
+    result = checkpoint.run(target, tiny(restore=True), passes=0)
+    assert not result["restore"]["intact"]
+    assert all("manifest is corrupt" in e for e in result["restore"]["errors"])
+
+
+@needs_root
+def test_enospc_mid_checkpoint_leaves_the_earlier_ones_restorable(tmp_path, loop_device):
+    dev = loop_device(48 << 20)
+    folder = loop_device.mount(dev)
+    target = Target(folder)
+    with pytest.raises(NoSpace) as e:
+        checkpoint.run(target, tiny(per_pass=20))
+    assert e.value.errno == errno.ENOSPC and "no room for a" in str(e.value)
+    store = CheckpointStore(folder)
+    done = store.complete()
+    assert done and not [p for p in store.root.iterdir() if p.name.endswith(".partial")]
+    for ckpt in done:  # every directory restore would accept is complete and intact
+        store.load(ckpt)
+    result = checkpoint.run(target, tiny(restore=True), passes=0)
+    assert result["restore"]["intact"] and result["restore"]["path"] == str(done[-1])
+
+
+def test_a_rank_error_stops_every_rank(tmp_path):
+    """A plan that does not fit its layout fails in the ranks; none is left running."""
+    with pytest.raises(QualError, match="processes for a 2-rank layout"):
+        checkpoint.launch({**_job(tmp_path), "plan": {"model": "llama3.1-8b", "tp": 2, "pp": 1,
+                                                      "dp": 1, "zero": 0, "recipe": "mixed-adam",
+                                                      "scale": 1e-4}}, 3, tmp_path)
+    leftover = subprocess.run(["pgrep", "-f", "qual.workloads.checkpoint.ranks"],
+                              capture_output=True, text=True).stdout.split()
+    assert str(os.getpid()) not in leftover and leftover == []
+
+
+def _job(tmp_path):
+    (tmp_path / "errors").mkdir(exist_ok=True)
+    return {"root": str(tmp_path), "passes": 1, "per_pass": 1, "retention": 1, "restore": False,
+            "baseline": False, "baseline_bytes": 1 << 20, "chunk_size": 1 << 20,
+            "queue_depth": 4, "align": 4096, "backend": "auto", "direct": True, "pool": 1 << 30,
+            "seed": 1, "timeout_s": 60, "result": str(tmp_path / "result.json"),
+            "errors": str(tmp_path / "errors"), "device": None}
+
+
+def test_fill_to_utilisation_counts_what_fits(tmp_path):
+    table = tiny(per_pass=0, utilisation="100 %")
+    n = checkpoint.checkpoints_per_pass(table, tmp_path, 10 << 20)
+    assert n >= 1
+    with pytest.raises(NoSpace, match="does not fit below"):
+        checkpoint.checkpoints_per_pass(tiny(per_pass=0, utilisation="1 %"), tmp_path, 1 << 50)
+
+
+# ------------------------------------------------------------------ the suite and the command
+
+
+def test_every_suite_passes_and_the_checkpoint_suite_records(tmp_path):
+    proc, results = run_suite(tmp_path, suite="", profile=TINY_ALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = load_record(results)
+    assert record["summary"]["verdict"] == "PASS"
+    ids = {m["id"] for t in record["tests"] for m in t["measurements"]}
+    assert {"ckpt_write_s[pass=1]", "ckpt_write_s[pass=2]", "ckpt_restore_intact",
+            "torch_load_bw"} <= ids
+    assert not (tmp_path / ".qual" / "qual-checkpoints").exists()  # removed at the end
+    charts = [a for d in (results / "allure-results").glob("*-result.json")
+              for a in json.loads(d.read_text()).get("attachments", [])
+              if a["name"] == "seconds per checkpoint"]
+    assert len(charts) == 1
+
+
+def test_only_the_checkpoint_suite_leaves_the_bandwidth_criteria_unjudged(tmp_path):
+    proc, results = run_suite(tmp_path, "-k", "not torch", suite="test_checkpoint.py",
+                              profile=TINY_ALL)
+    summary = load_record(results)["summary"]
+    assert proc.returncode == 0 and summary["checks_failed"] == 0
+    assert summary["verdict"] == "INCOMPLETE"
+    assert summary["not_judged"] and all(i.startswith(("seq_", "rand_"))
+                                         for i in summary["not_judged"])
+
+
+def test_checkpoint_command_json(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "checkpoint", "--target",
+                           str(tmp_path), "--tp", "2", "--scale", "1e-4", "--count", "2",
+                           "--restore", "--baseline", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {"bytes", "write_s", "write_bw_bytes", "restore_s", "restore_bw_bytes", "verified",
+            "torch_save_bw_bytes"} <= doc.keys()
+    assert len(doc["write_s"]) == 2 and doc["verified"] is True
