@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -200,11 +201,15 @@ def cmd_checkpoint(args) -> int:
         print(describe(checkpoint.plan_of(table)))
         return 0
     target = Target(args.target)
-    target.lock()
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if not torchrun:  # under torchrun every rank opens the target: rank 0 speaks for them
+        target.lock()
     try:
         result = checkpoint.run(target, table, seed=args.seed)
     finally:
         target.unlock()
+    if result is None:
+        return 0  # a rank other than 0 under torchrun
     doc = checkpoint_document(result)
     if args.json:
         print(json.dumps(doc, indent=2))

@@ -338,3 +338,22 @@ def test_checkpoint_command_json(tmp_path):
     assert {"bytes", "write_s", "write_bw_bytes", "restore_s", "restore_bw_bytes", "verified",
             "torch_save_bw_bytes"} <= doc.keys()
     assert len(doc["write_s"]) == 2 and doc["verified"] is True
+
+
+def test_torchrun_launches_the_ranks(tmp_path):
+    """torchrun sets RANK, WORLD_SIZE and MASTER_ADDR; each worker is one rank, rank 0 reports."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "qual.cli", "checkpoint", "--target",
+                           str(tmp_path), "--tp", "2", "--scale", "1e-4", "--count", "2",
+                           "--restore", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)  # one document: only rank 0 prints
+    assert doc["ranks"] == 2 and len(doc["write_s"]) == 2 and doc["verified"] is True
+
+
+def test_subset_of_a_layout_on_this_host(tmp_path):
+    """Like MLPerf Storage's subset mode: 2 of a 4-rank layout's ranks write here."""
+    result = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, ranks=2, restore=True))
+    assert result["world"] == 2 and result["restore"]["intact"]
+    assert result["checkpoints"][0]["bytes"] == sum(result["rank_bytes"])
+    assert result["checkpoints"][0]["device"] is None  # other ranks' bytes are not here

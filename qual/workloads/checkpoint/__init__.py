@@ -20,6 +20,7 @@ from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_f
 from qual.family import Family, Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
+from qual.workloads.checkpoint import ranks
 from qual.workloads.checkpoint.plan import MODELS, RECIPES, Layout, Plan, build_plan
 from qual.workloads.checkpoint.store import CheckpointStore
 
@@ -192,21 +193,29 @@ def _stop(procs) -> None:
 
 
 def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None,
-        per_pass: int | None = None) -> dict:
-    """The checkpoint workload on a target's folder; returns rank 0's results."""
+        per_pass: int | None = None) -> dict | None:
+    """The checkpoint workload on a target's folder; returns rank 0's results. Launched by
+    torchrun (RANK and WORLD_SIZE set), this process is one rank and only rank 0 returns
+    results; otherwise the ranks are started here, one process each."""
     folder = target.directory
     if folder is None:
         raise TargetUnavailable(errno.ENOTSUP, "checkpoints need a filesystem: give a "
                                 "directory on the drive", target=target.spec)
     plan = plan_of(table)
-    processes = table["ranks"] or plan.layout.ranks
-    folder.mkdir(parents=True, exist_ok=True)
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    leader = not torchrun or os.environ["RANK"] == "0"
+    processes = int(os.environ["WORLD_SIZE"]) if torchrun else table["ranks"] or plan.layout.ranks
     store = CheckpointStore(folder)
-    store.create()
-    store.remove_partials()  # what an interrupted earlier run left
+    if leader:  # with torchrun the other ranks wait for rank 0 inside the process group
+        folder.mkdir(parents=True, exist_ok=True)
+        store.create()
+        store.remove_partials()  # what an interrupted earlier run left
     passes = table["passes"] if passes is None else passes
-    per_pass = checkpoints_per_pass(table, folder, plan.nbytes) if per_pass is None else per_pass
+    if per_pass is None:
+        per_pass = checkpoints_per_pass(table, folder, plan.nbytes) if leader else 0
     st = os.stat(folder)
+    one_host = processes == plan.layout.ranks and \
+        (not torchrun or os.environ.get("LOCAL_WORLD_SIZE") == os.environ["WORLD_SIZE"])
     workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
     (workdir / "errors").mkdir()
     job = {"root": str(folder), "plan": {k: table[k] for k in
@@ -220,12 +229,18 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
            "errors": str(workdir / "errors"),
            # device counters are only the checkpoint's when every rank runs on this host
            "device": (f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-                      if processes == plan.layout.ranks and os.major(st.st_dev) else None)}
+                      if one_host and os.major(st.st_dev) else None)}
     try:
-        result = launch(job, processes, workdir)
+        if torchrun:
+            result = ranks.run_rank(job)
+            if result is None:  # not rank 0: rank 0 reports
+                return None
+        else:
+            result = launch(job, processes, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        store.remove_partials()
+        if leader:
+            store.remove_partials()
     result["per_pass"] = per_pass
     result["passes"] = passes
     result["store"] = str(store.root)

@@ -245,12 +245,15 @@ class Rank:
 
     def run(self) -> dict | None:
         job = self.job
-        start = self.broadcast(self.store.next_name() if self.rank == 0 else None)
+        # rank 0 decides where numbering starts and how many checkpoints a pass holds: ranks
+        # on other hosts may see the filesystem a moment later and count differently
+        start, per_pass = self.broadcast((self.store.next_name(), job["per_pass"])
+                                         if self.rank == 0 else None)
         seq = int(start.split("-")[1])
         checkpoints = []
-        total = job["passes"] * job["per_pass"]
+        total = job["passes"] * per_pass
         for p in range(1, job["passes"] + 1):
-            for i in range(1, job["per_pass"] + 1):
+            for i in range(1, per_pass + 1):
                 rec = self.write(f"ckpt-{seq:06d}")
                 seq += 1
                 if rec:
@@ -288,19 +291,28 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str]) -> int:
-    job_path = Path(argv[0])
-    job = json.loads(job_path.read_text())
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    try:
-        import torch.distributed as dist
+def run_rank(job: dict) -> dict | None:
+    """This process as the rank RANK of WORLD_SIZE (set by the launcher or by torchrun): joins
+    the group, runs every phase, leaves; rank 0 returns the results, the others None."""
+    import torch.distributed as dist
 
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job["timeout_s"]))
-        result = Rank(job, rank, world).run()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=job["timeout_s"]))
+    try:
+        return Rank(job, rank, world).run()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    """A rank started by the workload's launcher: results and errors go to files."""
+    job = json.loads(Path(argv[0]).read_text())
+    rank = int(os.environ["RANK"])
+    try:
+        result = run_rank(job)
         if result is not None:
             _write_json(Path(job["result"]), result)
-        dist.destroy_process_group()
         return 0
     except QualError as e:
         error = {"rank": rank, "errno": e.errno, "message": e.message, "op": e.op,
