@@ -89,6 +89,18 @@ def target(request):
     t.unlock()
 
 
+@pytest.fixture(scope="module")
+def table(request, profile) -> dict:
+    """The profile's table for the suite's workload family (its marker), or a skip."""
+    families = [m.name for m in request.node.iter_markers() if m.name in FAMILIES]
+    if not families:
+        raise pytest.UsageError(f"{request.node.name} is marked with no workload family")
+    found = profile.table(families[0])
+    if found is None:
+        pytest.skip(f"profile {profile.name} has no [{families[0]}] table")
+    return found
+
+
 @pytest.fixture
 def record(request) -> Recorder:
     """Where a test puts its measurements; the plugin judges them when the test returns."""

@@ -23,14 +23,6 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("cell", params)
 
 
-@pytest.fixture(scope="module")
-def table(profile):
-    table = profile.table(bandwidth.NAME)
-    if table is None:
-        pytest.skip(f"profile {profile.name} has no [bandwidth] table")
-    return table
-
-
 @allure.feature("bandwidth matrix")
 def test_cell(cell, table, target, record):
     """One cell of the matrix: bandwidth and IOPS for a pattern, block size and depth."""

@@ -12,14 +12,6 @@ pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive]
 
 
 @pytest.fixture(scope="module")
-def table(profile):
-    table = profile.table(checkpoint.NAME)
-    if table is None:
-        pytest.skip(f"profile {profile.name} has no [checkpoint] table")
-    return table
-
-
-@pytest.fixture(scope="module")
 def outcome(table, target, request):
     if target.directory is None:
         pytest.skip("checkpoints need a filesystem: qualify a directory on the drive")

@@ -277,16 +277,10 @@ static int run(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
         return fail(&c, rc, -1, 0, "%s", qual_last_error());
     c.nchunks = (f->file_size + f->chunk_size - 1) / f->chunk_size;
 
-    int backend = f->backend;
-    if (backend != QUAL_BACKEND_PSYNC) {
-        int probe = qual_io_uring_probe();
-        if (probe == 0)
-            backend = QUAL_BACKEND_IO_URING;
-        else if (backend == QUAL_BACKEND_AUTO)
-            backend = QUAL_BACKEND_PSYNC;
-        else
-            return fail(&c, probe, -1, 0, "io_uring is unavailable here: %s", strerror(-probe));
-    }
+    int backend;
+    rc = resolve_backend(f->backend, &backend);
+    if (rc)
+        return fail(&c, rc, -1, 0, "%s", qual_last_error());
     res->backend = backend;
 
     double u0, s0, u1, s1;

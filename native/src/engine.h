@@ -20,6 +20,9 @@ static inline uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* ---- the backend to use for one asked for (auto: io_uring where it works, else psync) */
+int resolve_backend(int requested, int *chosen);
+
 /* ---- the whole process's user and system CPU seconds so far (job.c) */
 void process_cpu(double *user, double *sys);
 

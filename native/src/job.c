@@ -159,7 +159,20 @@ static int validate(const struct qual_job *job)
     return 0;
 }
 
-int qual_io_uring_probe(void);
+int resolve_backend(int requested, int *chosen)
+{
+    *chosen = requested;
+    if (requested == QUAL_BACKEND_PSYNC)
+        return 0;
+    int probe = qual_io_uring_probe();
+    if (probe == 0)
+        *chosen = QUAL_BACKEND_IO_URING;
+    else if (requested == QUAL_BACKEND_AUTO)
+        *chosen = QUAL_BACKEND_PSYNC;
+    else
+        return qual_set_error(probe, "io_uring is unavailable here: %s", strerror(-probe));
+    return 0;
+}
 
 static int open_target(const struct qual_job *job, int *fd_out)
 {
@@ -290,18 +303,10 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     if (rc)
         goto early;
 
-    int backend = job->backend;
-    if (backend != QUAL_BACKEND_PSYNC) {
-        int probe = qual_io_uring_probe();
-        if (probe == 0)
-            backend = QUAL_BACKEND_IO_URING;
-        else if (backend == QUAL_BACKEND_AUTO)
-            backend = QUAL_BACKEND_PSYNC;
-        else {
-            rc = qual_set_error(probe, "io_uring is unavailable here: %s", strerror(-probe));
-            goto early;
-        }
-    }
+    int backend;
+    rc = resolve_backend(job->backend, &backend);
+    if (rc)
+        goto early;
     res->backend = backend;
 
     uint32_t lanes = backend == QUAL_BACKEND_PSYNC ? job->queue_depth : 1;
