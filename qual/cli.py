@@ -16,8 +16,9 @@ from qual.engine import QualError
 from qual.record import RECORD_NAME
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table
-from qual.workloads import checkpoint
+from qual.workloads import checkpoint, gnn
 from qual.workloads.checkpoint.plan import MODELS, RECIPES, describe
+from qual.workloads.gnn.igbh import SIZES
 
 RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
       "write": ("write", "sequential"), "randwrite": ("write", "random")}
@@ -103,6 +104,25 @@ def _parser() -> argparse.ArgumentParser:
     ck.add_argument("--json", action="store_true", help="print a JSON document")
     ck.add_argument("--seed", type=int, default=1)
 
+    gn = sub.add_parser("gnn", help="train RGAT on IGBH through the GIDS-style and mmap loaders",
+                        description="Train RGAT on an IGBH graph (synthetic, or a downloaded "
+                                    "one) through the GIDS-style loader and the mmap baseline.")
+    gn.add_argument("--target", default=None, help="a directory on the drive (default: .qual/)")
+    gn.add_argument("--dataset", default="synthetic",
+                    help="'synthetic' (generated on the target) or the root of a downloaded IGBH")
+    gn.add_argument("--size", default="tiny", choices=list(SIZES))
+    gn.add_argument("--scale", type=float, default=1.0, help="synthetic: share of the nodes")
+    gn.add_argument("--loader", default="both", choices=("gids", "mmap", "both"))
+    gn.add_argument("--steps", type=_positive, default=100, help="measured steps (seed: 100)")
+    gn.add_argument("--warmup", type=int, default=10)
+    gn.add_argument("--epochs", type=_positive, default=1)
+    gn.add_argument("--batch-size", type=_positive, default=512)
+    gn.add_argument("--fanouts", default="10,5", help="neighbours per hop, e.g. 10,5")
+    gn.add_argument("--keep", action="store_true",
+                    help="keep the generated dataset and feature store for the next run")
+    gn.add_argument("--json", action="store_true", help="print a JSON document")
+    gn.add_argument("--seed", type=int, default=1)
+
     sub.add_parser("profiles", help="list the shipped profiles")
 
     clean = sub.add_parser("clean", help="remove the scratch file qual created on a target")
@@ -120,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_io(args)
         if args.command == "checkpoint":
             return cmd_checkpoint(args)
+        if args.command == "gnn":
+            return cmd_gnn(args)
         if args.command == "run":
             return cmd_run(args, extra)
         if args.command == "profiles":
@@ -128,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             target = Target(args.target)
             target.cleanup()
             checkpoint.remove(target)
+            gnn.remove(target)
             return 0
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
@@ -244,6 +267,67 @@ def checkpoint_document(result: dict) -> dict:
     if t:
         doc.update(torch_save_bw_bytes=t["bytes"] / t["save_s"],
                    torch_load_bw_bytes=t["bytes"] / t["load_s"])
+    return doc
+
+
+def cmd_gnn(args) -> int:
+    given = {"dataset": args.dataset, "size": args.size, "scale": args.scale,
+             "loaders": list(gnn.LOADERS) if args.loader == "both" else [args.loader],
+             "steps": args.steps, "warmup": args.warmup, "epochs": args.epochs,
+             "batch_size": args.batch_size}
+    try:
+        given["fanouts"] = [int(f) for f in args.fanouts.split(",")]
+        table = family_table(gnn.NAME, given)
+    except (ValueError, ProfileError) as e:
+        for line in (e.problems if isinstance(e, ProfileError) else [("", "fanouts", str(e))]):
+            print(f"qual gnn: error: --{line[1].split('.')[-1]}: {line[2]}", file=sys.stderr)
+        return 2
+    target = Target(args.target)
+    target.lock()
+    quiet = args.json or not sys.stderr.isatty()
+    try:
+        result = gnn.run(target, table, seed=args.seed,
+                         progress=None if quiet else lambda m: print(m, file=sys.stderr))
+    finally:
+        if not args.keep:
+            gnn.remove(target)
+        target.unlock()
+    doc = gnn_document(result)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for name in doc["accuracy"]:
+        stages = ", ".join(f"{k} {v:.2f}" for k, v in doc["stages"][name].items())
+        print(f"{name}: {doc['e2e_s'][name]:.2f} s for {doc['steps']} steps ({stages}), "
+              f"validation accuracy {doc['accuracy'][name] * 100:.1f} %")
+    if "speedup" in doc:
+        print(f"GIDS speedup over mmap: {doc['speedup']:.2f}x")
+    if "cache" in doc:
+        c = doc["cache"]
+        print(f"GIDS cache: hit rate {c['hit_rate'] * 100:.1f} % ({c['hits']} hits, "
+              f"{c['cpu_buffer_hits']} CPU-buffer hits, {c['misses']} misses, "
+              f"{c['ssd_reads']} SSD reads)")
+    return 0
+
+
+def gnn_document(result: dict) -> dict:
+    """The `qual gnn --json` document."""
+    loaders = result["loaders"]
+    row = result["store"]["row_bytes"]
+    doc = {"dataset": result["dataset"], "steps": next(iter(loaders.values()))["measured"],
+           "e2e_s": {k: v["e2e_s"] for k, v in loaders.items()},
+           "accuracy": {k: v["accuracy"] for k, v in loaders.items()},
+           "stages": {k: v["stages"] for k, v in loaders.items()},
+           "effective_bw_bytes": {k: v["rows"] * row / v["stages"]["gather"]
+                                  for k, v in loaders.items() if v["stages"]["gather"]},
+           "setup": {k: v["setup"] for k, v in loaders.items()}}
+    if "gids" in loaders and "mmap" in loaders:
+        doc["speedup"] = loaders["mmap"]["e2e_s"] / loaders["gids"]["e2e_s"]
+    c = loaders.get("gids", {}).get("cache")
+    if c:
+        doc["cache"] = {"hits": c["hits"], "misses": c["misses"], "cpu_buffer_hits": c["cpu_hits"],
+                        "ssd_reads": c["reads"], "ssd_read_bytes": c["read_bytes"],
+                        "hit_rate": c["hit_rate"], "writes": c["writes"]}
     return doc
 
 

@@ -10,7 +10,8 @@ from qual import units
 
 @dataclass(frozen=True)
 class Param:
-    """A parameter that selects a measurement (e.g. bs, qd); `kind` is size, count or number."""
+    """A parameter that selects a measurement (e.g. bs, qd); `kind` is size, count, number or
+    name (a word, e.g. a loader)."""
 
     name: str
     kind: str
@@ -20,6 +21,10 @@ class Param:
             return units.parse_size(value, name=self.name)
         if self.kind == "count":
             return units.parse_count(value, name=self.name)
+        if self.kind == "name":
+            if not isinstance(value, str) or not value.isidentifier():
+                raise units.UnitError(f"{self.name} {value!r} is not a name")
+            return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise units.UnitError(f"{self.name} {value!r} is not a number")
         return value
@@ -44,7 +49,7 @@ class Metric:
 @dataclass(frozen=True)
 class Field:
     """A key of a family's profile table. kind: size, duration, count, ratio, number (> 0),
-    bool, choice, sizes, counts, choices, table (with `fields`)."""
+    bool, text, choice, sizes, counts, choices, table (with `fields`)."""
 
     name: str
     kind: str

@@ -198,3 +198,24 @@ def checkpoint_seconds_chart(result: dict) -> bytes:
     ax.legend()
     ax.grid(True, alpha=0.3)
     return _png(fig)
+
+
+def gnn_stage_chart(result: dict) -> bytes:
+    """Seconds of the measured steps per stage, one bar per loader, and GIDS's hit rate."""
+    plt = _figure()
+    loaders = list(result["loaders"])
+    stages = ("sample", "gather", "transfer", "train")
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    bottom = [0.0] * len(loaders)
+    for stage in stages:
+        values = [result["loaders"][ld]["stages"][stage] for ld in loaders]
+        ax.bar(loaders, values, bottom=bottom, label=stage)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    steps = result["loaders"][loaders[0]]["measured"]
+    ax.set_ylabel(f"seconds for {steps} training steps")
+    ax.set_xlabel("feature loader")
+    cache = result["loaders"].get("gids", {}).get("cache")
+    rate = f"; GIDS hit rate {cache['hit_rate'] * 100:.0f} %" if cache else ""
+    ax.set_title(f"IGBH {result['dataset']['size']}: stage breakdown{rate}")
+    ax.legend()
+    return _png(fig)

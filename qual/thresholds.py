@@ -371,6 +371,10 @@ def _parse_value(f: Field, value, label, where, problems):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise units.UnitError(f"{value!r} is not a positive number")
         return float(value)
+    if kind == "text":
+        if not isinstance(value, str) or not value.strip():
+            raise units.UnitError(f"{value!r} is not a non-empty string")
+        return value
     if kind == "bool":
         if not isinstance(value, bool):
             raise units.UnitError(f"{value!r} is not true or false")

@@ -36,11 +36,11 @@ def loop_device(tmp_path):
         made.append((dev, []))
         return dev
 
-    def mount(dev: str) -> Path:
-        sh("mkfs.ext4", "-q", "-F", dev)
+    def mount(dev: str, *, mkfs: tuple = (), options: str = "defaults") -> Path:
+        sh("mkfs.ext4", "-q", "-F", *mkfs, dev)
         point = tmp_path / f"mnt-{Path(dev).name}"
         point.mkdir()
-        sh("mount", dev, str(point))
+        sh("mount", "-o", options, dev, str(point))
         for d, mounts in made:
             if d == dev:
                 mounts.append(str(point))

@@ -202,6 +202,73 @@ int qual_ckpt_write(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
 int qual_ckpt_read(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
                    struct qual_ckpt_result *res);
 
+/* ---------------------------------------------------------------- neighbour sampling (sample.c) */
+
+/* Uniform neighbour sampling over one relation's CSC (indptr has num_dst + 1 entries; the
+ * in-neighbours of node v are indices[indptr[v] .. indptr[v+1])). For each of the n_dst nodes in
+ * dst, up to fanout distinct neighbours are drawn (all of them when there are no more); the
+ * draw depends only on (seed, the node), so it is the same in any order and on any thread.
+ * out_src and out_dst_pos take n_dst * fanout entries: the neighbour's id and the index of its
+ * dst node in dst; *out_edges is how many were filled. */
+int qual_sample(const int64_t *indptr, const int64_t *indices, uint64_t num_dst,
+                const int64_t *dst, uint64_t n_dst, uint32_t fanout, uint64_t seed,
+                int64_t *out_src, int64_t *out_dst_pos, uint64_t *out_edges);
+
+/* ---------------------------------------------------------------- feature cache (cache.c, gather.c) */
+
+/* A BaM/GIDS-style software page cache over a feature store: a file of `rows` rows of
+ * row_bytes each, row i starting at i * row_stride (row_stride a multiple of page_size).
+ * Pages are the cache lines and the I/O unit; a full cache evicts by clock, never a page held
+ * by the gather in progress, and a page pinned by the window (wanted by a batch sampled ahead)
+ * only when no other page is left.
+ * Rows in the CPU buffer are served from it without I/O. Not thread-safe: one user at a time. */
+struct qual_fcache;
+
+struct qual_fcache_opts {
+    const char *path;
+    uint64_t rows;
+    uint32_t row_bytes;
+    uint32_t row_stride;
+    uint32_t page_size;       /* cache line and I/O size (GIDS: 4096) */
+    uint64_t capacity;        /* pages the cache holds */
+    uint32_t queue_depth;     /* reads in flight */
+    uint32_t max_coalesce;    /* adjacent missing pages merged into one read, at most */
+    int backend;              /* enum qual_backend */
+    int direct;               /* 1: O_DIRECT */
+};
+
+/* Counters since open or the last reset. A row lookup is an access per page it spans;
+ * accesses = hits + misses; a miss is a page read from the store, once per gather however many
+ * rows want it; cpu_hits are rows served by the CPU buffer (not accesses). */
+struct qual_fcache_stats {
+    uint64_t accesses;
+    uint64_t hits;
+    uint64_t misses;
+    uint64_t cpu_hits;
+    uint64_t reads;           /* read requests issued (coalesced pages count once) */
+    uint64_t read_bytes;
+    uint64_t evictions;
+    uint64_t pinned_evictions; /* of which pages still wanted by the window (cache too small) */
+    uint64_t writes;          /* always 0: the cache never writes the store */
+    uint64_t pinned_pages;    /* pages with window pins now */
+    uint64_t io_ns;           /* time with reads outstanding */
+};
+
+int qual_fcache_open(const struct qual_fcache_opts *o, struct qual_fcache **out);
+int qual_fcache_close(struct qual_fcache *c);
+/* Serve these rows from buffer (caller-owned, n * row_bytes), filled here from the store. */
+int qual_fcache_set_cpu_buffer(struct qual_fcache *c, const int64_t *rows, uint64_t n,
+                               void *buffer);
+/* Window buffering: delta +1 pins the pages of a batch sampled ahead, -1 unpins them when the
+ * batch is used. */
+int qual_fcache_window(struct qual_fcache *c, const int64_t *rows, uint64_t n, int delta);
+/* Copy rows (n of them, any order, repeats allowed) into dst (n * row_bytes, caller-owned),
+ * reading what is not cached: deduplicated, sorted, adjacent pages coalesced, queue_depth in
+ * flight. */
+int qual_fcache_gather(struct qual_fcache *c, const int64_t *rows, uint64_t n, void *dst,
+                       struct qual_ctl *ctl);
+int qual_fcache_stats(struct qual_fcache *c, struct qual_fcache_stats *out, int reset);
+
 /* ---------------------------------------------------------------- targets (target.c) */
 
 /* O_DIRECT alignment for path: memory and offset/length, from statx(STATX_DIOALIGN) when the

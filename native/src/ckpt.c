@@ -183,7 +183,7 @@ static int run_uring(struct ckpt_run *c, int op)
     if (depth > c->nchunks)
         depth = (unsigned)c->nchunks;
     struct ring *r = NULL;
-    int rc = ring_open(&r, c->fd, depth, f->chunk_size, f->align);
+    int rc = ring_open(&r, c->fd, depth, f->chunk_size, f->align, 1);
     uint64_t *chunk_of = calloc(depth, sizeof(*chunk_of));
     unsigned *free_slots = calloc(depth, sizeof(*free_slots));
     if (rc || !chunk_of || !free_slots) {
@@ -221,12 +221,12 @@ static int run_uring(struct ckpt_run *c, int op)
             fail(c, rc, op, 0, "%s", qual_last_error());
             broken = wait_only = 1;
         }
-        unsigned slot;
+        uint64_t slot;
         int32_t res;
         while (ring_reap(r, &slot, &res)) {
-            if (land(c, op, ring_buf(r, slot), chunk_of[slot], res))
+            if (land(c, op, ring_buf(r, (unsigned)slot), chunk_of[slot], res))
                 broken = 1;
-            free_slots[nfree++] = slot;
+            free_slots[nfree++] = (unsigned)slot;
             inflight--;
         }
     }

@@ -109,14 +109,19 @@ uint32_t crc32c(uint32_t crc, const void *buf, uint64_t len);
 /* ---- io_uring primitives (ring.c): a ring on one descriptor with `depth` registered buffers
  * of buf_len bytes; slot i uses buffer i and completes with user_data i */
 struct ring;
-int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align);
+int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align,
+              int single_issuer);
 void ring_close(struct ring *r);
 void *ring_buf(struct ring *r, unsigned slot);
 void ring_queue(struct ring *r, int op, unsigned slot, uint64_t off, uint32_t len);
 unsigned ring_pending(const struct ring *r);    /* queued, not yet taken by the kernel */
 int ring_submit(struct ring *r, unsigned wait);  /* hand over the queue; wait for 1 if asked */
 int ring_wait(struct ring *r);                   /* wait for a completion, submit nothing */
-int ring_reap(struct ring *r, unsigned *slot, int32_t *res); /* 1 and a completion, or 0 */
+int ring_reap(struct ring *r, uint64_t *user_data, int32_t *res); /* 1 and a completion, or 0 */
+/* A vectored read or write into the caller's memory (buf_len 0 at ring_open: no ring buffers). */
+struct iovec;
+void ring_queue_vec(struct ring *r, int op, uint64_t user_data, const struct iovec *iov,
+                    unsigned nvec, uint64_t off);
 
 /* ---- backends: set up (before the start barrier), then run until job_claim says stop */
 struct ring_state;

@@ -75,8 +75,9 @@ int qual_io_uring_probe(void)
     return 0;
 }
 
-/* Newer setup flags cut the cost of completions; older kernels refuse them with EINVAL. */
-static int create_ring(unsigned entries, struct io_uring_params *p)
+/* Newer setup flags cut the cost of completions; older kernels refuse them with EINVAL. A
+ * single-issuer ring may only be used by the thread that made it. */
+static int create_ring(unsigned entries, struct io_uring_params *p, int single_issuer)
 {
     static const unsigned tries[] = {
         IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
@@ -84,7 +85,7 @@ static int create_ring(unsigned entries, struct io_uring_params *p)
         0,
     };
     int fd = -1;
-    for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
+    for (size_t i = single_issuer ? 0 : 1; i < sizeof(tries) / sizeof(tries[0]); i++) {
         memset(p, 0, sizeof(*p));
         p->flags = tries[i];
         fd = sys_setup(entries, p);
@@ -156,7 +157,8 @@ void ring_close(struct ring *r)
     free(r);
 }
 
-int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align)
+int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align,
+              int single_issuer)
 {
     struct ring *r = calloc(1, sizeof(*r));
     if (!r)
@@ -168,7 +170,7 @@ int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, 
     *out = r;
 
     struct io_uring_params p;
-    r->fd = create_ring(depth, &p);
+    r->fd = create_ring(depth, &p, single_issuer);
     if (r->fd < 0)
         return qual_set_error(-errno, "io_uring_setup(%u): %s", depth, strerror(errno));
     int rc = map_rings(r, &p);
@@ -176,6 +178,8 @@ int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, 
         return rc;
     r->fixed_file = sys_register(r->fd, IORING_REGISTER_FILES, &r->target_fd, 1) == 0;
 
+    if (buf_len == 0)
+        return 0; /* the caller brings its own memory (ring_queue_vec) */
     void *mem = NULL;
     if (align < 4096)
         align = 4096;
@@ -225,6 +229,25 @@ void ring_queue(struct ring *r, int op, unsigned slot, uint64_t off, uint32_t le
     r->sq_local_tail++;
 }
 
+void ring_queue_vec(struct ring *r, int op, uint64_t user_data, const struct iovec *iov,
+                    unsigned nvec, uint64_t off)
+{
+    struct io_uring_sqe *sqe = &r->sqes[r->sq_local_tail & *r->sq_mask];
+    memset(sqe, 0, sizeof(*sqe));
+    sqe->opcode = op == QUAL_OP_WRITE ? IORING_OP_WRITEV : IORING_OP_READV;
+    if (r->fixed_file) {
+        sqe->fd = 0;
+        sqe->flags = IOSQE_FIXED_FILE;
+    } else {
+        sqe->fd = r->target_fd;
+    }
+    sqe->addr = (uint64_t)(uintptr_t)iov;
+    sqe->len = nvec;
+    sqe->off = off;
+    sqe->user_data = user_data;
+    r->sq_local_tail++;
+}
+
 unsigned ring_pending(const struct ring *r)
 {
     return r->sq_local_tail - __atomic_load_n(r->sq_head, __ATOMIC_ACQUIRE);
@@ -252,13 +275,13 @@ int ring_wait(struct ring *r)
     return 0;
 }
 
-int ring_reap(struct ring *r, unsigned *slot, int32_t *res)
+int ring_reap(struct ring *r, uint64_t *user_data, int32_t *res)
 {
     unsigned head = *r->cq_head;
     if (head == __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE))
         return 0;
     const struct io_uring_cqe *cqe = &r->cqes[head & *r->cq_mask];
-    *slot = (unsigned)cqe->user_data;
+    *user_data = cqe->user_data;
     *res = cqe->res;
     __atomic_store_n(r->cq_head, head + 1, __ATOMIC_RELEASE);
     return 1;
@@ -293,7 +316,7 @@ int ring_setup(struct stream *s, struct ring_state **out)
         return qual_set_error(-ENOMEM, "cannot allocate a ring");
     *out = rs;
     unsigned depth = job->queue_depth;
-    int rc = ring_open(&rs->ring, s->w->fd, depth, job->block_size, job->align);
+    int rc = ring_open(&rs->ring, s->w->fd, depth, job->block_size, job->align, 1);
     if (rc)
         return rc;
     rs->off = calloc(depth, sizeof(*rs->off));
@@ -356,7 +379,7 @@ int ring_run(struct stream *s, struct ring_state *rs)
             /* the kernel still owns what it took: keep reaping until it is back */
             submit_failed = draining = 1;
         }
-        unsigned slot;
+        uint64_t slot;
         int32_t res;
         uint64_t now = 0;
         while (ring_reap(r, &slot, &res)) {
@@ -365,7 +388,7 @@ int ring_run(struct stream *s, struct ring_state *rs)
             if (job_complete(s, op, rs->off[slot], res, now - rs->t_submit[slot],
                              ring_buf(r, slot)) != 0)
                 draining = 1;
-            rs->free_slots[rs->nfree++] = slot;
+            rs->free_slots[rs->nfree++] = (unsigned)slot;
             inflight--;
         }
         if (job_stopping(run))

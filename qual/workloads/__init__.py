@@ -1,6 +1,6 @@
 """The workload families qual runs; each owns a table of the profile and a suite file."""
 
 from qual.family import Family
-from qual.workloads import bandwidth, checkpoint
+from qual.workloads import bandwidth, checkpoint, gnn
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (bandwidth.FAMILY, checkpoint.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (bandwidth.FAMILY, checkpoint.FAMILY, gnn.FAMILY)}

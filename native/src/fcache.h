@@ -1,0 +1,37 @@
+/* fcache.h — the feature cache's state, shared by cache.c (pages, slots, pins) and gather.c. */
+#ifndef QUAL_FCACHE_H
+#define QUAL_FCACHE_H
+
+#include "engine.h"
+
+#define NO_SLOT UINT32_MAX
+
+struct qual_fcache {
+    struct qual_fcache_opts o;
+    char *path;
+    int fd;
+    int backend;
+    struct ring *ring;        /* NULL with psync */
+    uint64_t pages;           /* pages in the store */
+    uint32_t row_pages;       /* pages a row spans */
+    /* per store page */
+    uint32_t *slot_of;        /* the slot holding it, or NO_SLOT */
+    uint16_t *window;         /* pins by batches sampled ahead */
+    /* per row: index in the CPU buffer, or -1 (NULL until a CPU buffer is set) */
+    int64_t *cpu_row;
+    unsigned char *cpu_buf;
+    /* per slot */
+    unsigned char *mem;       /* capacity * page_size bytes */
+    int64_t *slot_page;       /* the page in the slot, or -1 */
+    uint32_t *refs;           /* held by the gather in progress */
+    uint8_t *recent;          /* the clock's second-chance bit */
+    uint64_t hand;
+    struct qual_fcache_stats st;
+};
+
+/* A slot for a page about to be read: a free one, else the clock's victim: never a page held by
+ * the gather in progress, and a window-pinned page only when nothing else is left; -EBUSY when
+ * the gather holds every slot. */
+int fcache_victim(struct qual_fcache *c, uint32_t *slot);
+
+#endif

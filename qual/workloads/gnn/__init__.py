@@ -1,0 +1,267 @@
+"""GNN training from SSD (seeds 000/002): RGAT on an IGBH graph with a GIDS/BaM-style loader
+and the DGL-style mmap baseline; accuracy of both, GIDS's speedup, its cache behaviour."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from qual.engine import BACKENDS, QualError, TargetUnavailable
+from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.record import Measurement, measure
+from qual.target import Target
+from qual.workloads.gnn import store as feature_store
+from qual.workloads.gnn.igbh import CLASSES, IGBH, MARKER, SIZES, generate, synthetic_name
+
+# torch and PyG load only when a GNN run starts (loaders, model, train): declaring the family
+# for profiles and the command line stays cheap
+STAGES = ("sample", "gather", "transfer", "train")
+
+NAME = "gnn"
+LOADERS = ("gids", "mmap")
+DATASETS = "qual-igbh"  # where synthetic datasets are generated, in the target's folder
+_LOADER, _STAGE = Param("loader", "name"), Param("stage", "name")
+
+METRICS = {m.name: m for m in (
+    Metric("gnn_accuracy", "ratio", "higher", (_LOADER,),
+           "validation accuracy of RGAT trained through the loader"),
+    Metric("gnn_e2e_s", "time", "lower", (_LOADER,),
+           "seconds of the measured training steps, end to end"),
+    Metric("gnn_stage_s", "time", "lower", (_LOADER, _STAGE),
+           "seconds of one stage (sample, gather, transfer, train) in the measured steps"),
+    Metric("gnn_speedup", "ratio", "higher", (), "mmap end-to-end time over GIDS's"),
+    Metric("gnn_hit_rate", "ratio", "higher", (),
+           "share of GIDS feature requests served without the SSD (cache and CPU buffer)"),
+    Metric("gnn_effective_bw", "bandwidth", "higher", (_LOADER,),
+           "feature bytes delivered per second of gathering"),
+    Metric("gnn_ssd_bw", "bandwidth", "higher", (),
+           "bytes the GIDS loader read from the SSD per second of reading"),
+)}
+
+FIELDS = (
+    Field("dataset", "text", default="synthetic",
+          help="'synthetic', or the root of a downloaded IGBH (holding <size>/processed)"),
+    Field("size", "choice", default="tiny", choices=tuple(SIZES)),
+    Field("scale", "number", default=1.0, help="synthetic only: share of the size's nodes"),
+    Field("data_seed", "count", default=0, minimum=0),
+    Field("batch_size", "count", default=512, help="seed: 512 seed nodes per step"),
+    Field("fanouts", "counts", default=[10, 5], help="neighbours per relation, hop 1 first"),
+    Field("hidden", "count", default=128),
+    Field("heads", "count", default=4),
+    Field("lr", "number", default=0.001),
+    Field("epochs", "count", default=1),
+    Field("warmup", "count", default=10, minimum=0),
+    Field("steps", "count", default=100, help="measured steps after the warm-up (seed: 100)"),
+    Field("loaders", "choices", default=list(LOADERS), choices=LOADERS),
+    Field("page_size", "size", default="4 KiB"),
+    Field("cache_share", "ratio", default="10 %", help="software cache, share of the store"),
+    Field("cache_size", "size", minimum=4096, help="software cache size (overrides the share; "
+          "seed: 8 GB)"),
+    Field("cpu_buffer_share", "ratio", default="20 %", help="seed: 20 % of the dataset"),
+    Field("window", "count", default=8, minimum=0, help="batches sampled ahead (GIDS wb_size)"),
+    Field("accumulator", "bool", default=True),
+    Field("ssd_bandwidth", "number", default=5.8, help="GB/s, for the accumulator's threshold"),
+    Field("ssd_latency", "duration", default="11 us"),
+    Field("system_latency", "duration", default="20 us"),
+    Field("ssds", "count", default=1),
+    Field("queue_depth", "count", default=128, maximum=4096),
+    Field("max_coalesce", "count", default=32, maximum=1024),
+    Field("mmap_memory_share", "ratio", default="20 %",
+          help="host memory the mmap baseline may cache the store in, share of the store"),
+    Field("memory_budget", "choice", default="auto", choices=("auto", "cgroup", "evict")),
+    Field("backend", "choice", default="auto", choices=BACKENDS),
+)
+
+
+def _check(table: dict) -> list[tuple[str, str]]:
+    problems = []
+    if table["scale"] > 1:
+        problems.append(("scale", f"{table['scale']} is above 1"))
+    if table["hidden"] % table["heads"]:
+        problems.append(("hidden", f"{table['hidden']} is not a multiple of {table['heads']} heads"))
+    if table["page_size"] % 512 or table["page_size"] & (table["page_size"] - 1):
+        problems.append(("page_size", "is not a power of two of 512 bytes or more"))
+    for key in ("cache_share", "cpu_buffer_share", "mmap_memory_share"):
+        if not 0 <= table[key] <= 1:
+            problems.append((key, f"{table[key] * 100:g} % is outside 0..100 %"))
+    if table["cache_share"] <= 0:
+        problems.append(("cache_share", "the cache needs some room"))
+    return problems
+
+
+def _cells(table: dict) -> list[str]:
+    ids = []
+    for ld in table["loaders"]:
+        ids += [measurement_id(METRICS["gnn_accuracy"], {"loader": ld}),
+                measurement_id(METRICS["gnn_e2e_s"], {"loader": ld}),
+                measurement_id(METRICS["gnn_effective_bw"], {"loader": ld})]
+        ids += [measurement_id(METRICS["gnn_stage_s"], {"loader": ld, "stage": s}) for s in STAGES]
+    if "gids" in table["loaders"]:
+        ids += ["gnn_hit_rate", "gnn_ssd_bw"]
+    if set(LOADERS) <= set(table["loaders"]):
+        ids.append("gnn_speedup")
+    return ids
+
+
+FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on IGBH",
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells)
+
+
+# ------------------------------------------------------------------ running it
+
+
+def dataset_of(target: Target, table: dict, progress=None) -> IGBH:
+    """A downloaded IGBH the profile names, or qual's synthetic one in the target's folder
+    (generated once; regenerated when its parameters change)."""
+    if table["dataset"] != "synthetic":
+        return IGBH(table["dataset"], table["size"])
+    folder = target.directory
+    if folder is None:
+        raise TargetUnavailable(errno.ENOTSUP, "a synthetic IGBH needs a filesystem: give a "
+                                "directory on the drive", target=target.spec)
+    root = folder / DATASETS
+    name = synthetic_name(table["size"], table["scale"])
+    marker = root / name / MARKER
+    if marker.exists():
+        doc = json.loads(marker.read_text())
+        if (doc.get("size"), doc.get("scale"), doc.get("seed")) == \
+                (table["size"], table["scale"], table["data_seed"]):
+            return IGBH(root, name)
+        shutil.rmtree(root / name)
+    root.mkdir(parents=True, exist_ok=True)
+    return generate(root, table["size"], scale=table["scale"], seed=table["data_seed"],
+                    progress=progress)
+
+
+def cache_pages(table: dict, store) -> int:
+    if table.get("cache_size"):
+        return max(1, table["cache_size"] // store.page_size)
+    return max(1, int(table["cache_share"] * store.rows * store.row_stride // store.page_size))
+
+
+def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
+    """Both loaders train RGAT on the same batches; returns what each measured."""
+    from qual.workloads.gnn.graph import Graph, hot_rows
+    from qual.workloads.gnn.loaders import (GidsLoader, MemoryBudget, MmapLoader,
+                                            accumulator_threshold)
+    from qual.workloads.gnn.train import splits, train
+
+    dataset = dataset_of(target, table, progress)
+    folder = target.directory if target.directory is not None else Path(dataset.root)
+    store = feature_store.build(dataset, folder, page_size=table["page_size"])
+    graph = Graph.of(dataset)
+    labels = dataset.labels(CLASSES)
+    train_ids, val_ids = splits(dataset.counts["paper"])
+    relations = [r.key for r in graph.relations]
+    common = dict(fanouts=table["fanouts"], batch_size=table["batch_size"], seed=seed)
+    model = {"hidden": table["hidden"], "heads": table["heads"], "classes": CLASSES,
+             "fanouts": table["fanouts"], "lr": table["lr"], "epochs": table["epochs"],
+             "warmup": table["warmup"], "steps": table["steps"],
+             "batch_size": table["batch_size"]}
+    out = {"dataset": dataset.describe(), "store": store.as_dict(), "loaders": {}}
+    for name in table["loaders"]:
+        store.drop_cache()  # every loader starts cold
+        before = None
+        if name == "gids":
+            cpu_rows = None
+            if table["cpu_buffer_share"]:
+                hot = hot_rows(graph, store.offsets, table["fanouts"][0])
+                cpu_rows = np.sort(hot[:int(table["cpu_buffer_share"] * store.rows)])
+            threshold = accumulator_threshold(table["ssd_bandwidth"] * 1e9, table["ssd_latency"],
+                                              table["system_latency"], table["ssds"],
+                                              store.page_size) if table["accumulator"] else 0
+            pages = cache_pages(table, store)
+            loader = GidsLoader(store, graph, labels, cache_pages=pages,
+                                window=table["window"], threshold=threshold, cpu_rows=cpu_rows,
+                                queue_depth=table["queue_depth"],
+                                max_coalesce=table["max_coalesce"], backend=table["backend"],
+                                **common)
+            setup = {"cache_pages": pages,
+                     "cpu_buffer_rows": loader.cpu_rows, "window": table["window"],
+                     "accumulator_threshold": threshold}
+        else:
+            budget = MemoryBudget(store, int(table["mmap_memory_share"] * store.rows *
+                                              store.row_stride),
+                                  prefer_cgroup=table["memory_budget"] != "evict")
+            if table["memory_budget"] == "cgroup" and budget.mode != "cgroup":
+                budget.close()
+                raise QualError(errno.ENOTSUP, f"the profile asks for a memory cgroup: {budget.detail}")
+            loader = MmapLoader(store, graph, labels, budget=budget, **common)
+            before = budget.before_step
+            setup = budget.as_dict()
+        window = {}
+        hooks = {}
+        if name == "gids":  # the cache's counters of the measured steps only, as GIDS reports
+            hooks = {"window_start": lambda: loader.cache.stats(reset=True),
+                     "window_end": lambda: window.update(loader.cache.stats().as_dict())}
+        try:
+            t0 = time.perf_counter()
+            trained = train(loader, relations, table=model, train_ids=train_ids,
+                            val_ids=val_ids, seed=seed, before_step=before, progress=progress,
+                            **hooks)
+            result = {**trained.as_dict(), "setup": setup,
+                      "wall_s": time.perf_counter() - t0}
+            if name == "gids":
+                result["cache"] = window
+        finally:
+            loader.close()
+        out["loaders"][name] = result
+    return out
+
+
+def remove(target: Target) -> None:
+    """The synthetic datasets and feature stores qual made on the target."""
+    folder = target.directory
+    if folder is None:
+        return
+    feature_store.remove(folder)
+    root = folder / DATASETS
+    if root.is_dir():
+        for d in root.iterdir():
+            if (d / MARKER).exists() and json.loads((d / MARKER).read_text()).get("created_by") == "qual":
+                shutil.rmtree(d)
+        try:
+            root.rmdir()
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------ results into measurements
+
+
+def measurements(result: dict, target: str) -> list[Measurement]:
+    out = []
+    loaders = result["loaders"]
+    row_bytes = result["store"]["row_bytes"]
+    for name, r in loaders.items():
+        ctx = {"target": target, "dataset": result["dataset"]["size"],
+               "synthetic": bool(result["dataset"]["synthetic"]), "steps": r["steps"],
+               "measured": r["measured"], "setup": r["setup"]}
+        out.append(measure(NAME, METRICS["gnn_accuracy"], {"loader": name}, r["accuracy"],
+                           context=ctx))
+        out.append(measure(NAME, METRICS["gnn_e2e_s"], {"loader": name}, r["e2e_s"],
+                           context={**ctx, "stages": r["stages"]}))
+        for stage, seconds in r["stages"].items():
+            out.append(measure(NAME, METRICS["gnn_stage_s"], {"loader": name, "stage": stage},
+                               seconds, context=ctx))
+        c = r.get("cache")
+        if c:
+            out.append(measure(NAME, METRICS["gnn_hit_rate"], {}, c["hit_rate"],
+                               context={**ctx, "cache": c}))
+            if c["io_s"]:
+                out.append(measure(NAME, METRICS["gnn_ssd_bw"], {}, c["read_bytes"] / c["io_s"],
+                                   context={**ctx, "cache": c}))
+        if r["stages"]["gather"]:
+            out.append(measure(NAME, METRICS["gnn_effective_bw"], {"loader": name},
+                               r["rows"] * row_bytes / r["stages"]["gather"], context=ctx))
+    if set(LOADERS) <= set(loaders) and loaders["gids"]["e2e_s"]:
+        out.append(measure(NAME, METRICS["gnn_speedup"], {},
+                           loaders["mmap"]["e2e_s"] / loaders["gids"]["e2e_s"],
+                           context={"target": target, "gids_e2e_s": loaders["gids"]["e2e_s"],
+                                    "mmap_e2e_s": loaders["mmap"]["e2e_s"]}))
+    return out

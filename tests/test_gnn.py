@@ -1,0 +1,310 @@
+"""The GNN workload: the IGBH layout, the feature store, the sampler, both loaders on known
+data, the cache's accounting, and the suite and command run as a user runs them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from qual.engine import DataMismatch, FeatureCache
+from qual.target import Target
+from qual.thresholds import family_table
+from qual.workloads import gnn
+from qual.workloads.gnn import store as feature_store
+from qual.workloads.gnn.graph import Graph, hot_rows, sample
+from qual.workloads.gnn.igbh import FEATURE_DIM, IGBH, NODE_TYPES, RELATIONS, generate
+from qual.workloads.gnn.loaders import (GidsLoader, MemoryBudget, MmapLoader,
+                                        accumulator_threshold)
+from testbed import IS_ROOT, TINY_ALL, load_record, needs_root, run_suite
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A small synthetic IGBH, its feature store and graph."""
+    folder = tmp_path_factory.mktemp("igbh")
+    dataset = generate(folder / "qual-igbh", "tiny", scale=0.02, seed=3)
+    store = feature_store.build(dataset, folder)
+    return dataset, store, Graph.of(dataset)
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def edge_rows(dataset, ntype, rng):
+    n = dataset.counts[ntype]
+    return np.unique(np.concatenate([[0, 1, n // 2, n - 2, n - 1], rng.integers(0, n, 50)]))
+
+
+# ------------------------------------------------------------------ layout, generator, store
+
+
+def test_generated_files_load_with_plain_numpy_as_the_igb_layout_says(data):
+    dataset, _, _ = data
+    base = dataset.base
+    for t in NODE_TYPES:
+        feat = np.load(base / t / "node_feat.npy")
+        assert feat.dtype == np.float32 and feat.shape == (dataset.counts[t], FEATURE_DIM)
+    for name, classes in (("node_label_19.npy", 19), ("node_label_2K.npy", 2983)):
+        labels = np.load(base / "paper" / name)
+        assert labels.shape == (dataset.counts["paper"],) and 0 <= labels.min() <= labels.max() < classes
+    for s, r, d in RELATIONS:
+        e = np.load(base / f"{s}__{r}__{d}" / "edge_index.npy")
+        assert e.ndim == 2 and e.shape[1] == 2 and e.dtype == np.int64
+        assert e[:, 0].max() < dataset.counts[s] and e[:, 1].max() < dataset.counts[d]
+
+
+def test_large_and_full_keep_features_and_labels_headerless(tmp_path):
+    """As the IGB loaders open them: np.memmap at offset 0 with an explicit shape."""
+    dataset = generate(tmp_path, "large", scale=1e-6, seed=1)
+    feat = dataset.base / "paper" / "node_feat.npy"
+    n = dataset.counts["paper"]
+    assert feat.stat().st_size == n * FEATURE_DIM * 4  # no header
+    raw = np.memmap(feat, dtype=np.float32, mode="r", shape=(n, FEATURE_DIM))
+    assert np.array_equal(bits(raw), bits(dataset.features("paper")))
+    labels = np.memmap(dataset.base / "paper" / "node_label_19.npy", dtype=np.float32, mode="r")
+    assert len(labels) == n and np.array_equal(labels.astype(np.int64), dataset.labels())
+    np.load(dataset.base / "fos" / "node_feat.npy")  # the small types keep their headers
+
+
+def test_generation_is_deterministic(tmp_path):
+    a = generate(tmp_path / "a", "tiny", scale=0.005, seed=9)
+    b = generate(tmp_path / "b", "tiny", scale=0.005, seed=9)
+    for t in NODE_TYPES:
+        assert np.array_equal(bits(a.features(t)), bits(b.features(t)))
+    assert np.array_equal(a.edges(RELATIONS[0]), b.edges(RELATIONS[0]))
+
+
+def test_store_rows_are_page_aligned_headerless_and_offset_by_type(data):
+    dataset, store, _ = data
+    assert store.row_stride % store.page_size == 0
+    assert store.path.stat().st_size == store.rows * store.row_stride
+    at = 0
+    for t in NODE_TYPES:  # cumulative counts, no overlap (GIDS's heterograph_map)
+        assert store.offsets[t] == at
+        at += dataset.counts[t]
+    raw = np.fromfile(store.path, dtype=np.float32).reshape(store.rows, -1)
+    for t in NODE_TYPES:
+        lo = store.offsets[t]
+        assert np.array_equal(bits(raw[lo:lo + dataset.counts[t], :FEATURE_DIM]),
+                              bits(dataset.features(t)))
+    store.verify(dataset)
+
+
+def test_a_corrupted_store_fails_its_checksum(tmp_path, data):
+    dataset, _, _ = data
+    store = feature_store.build(dataset, tmp_path)
+    with open(store.path, "r+b") as f:
+        f.seek(store.offsets["fos"] * store.row_stride + 100)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 4]))
+    with pytest.raises(DataMismatch, match="fos rows fail their CRC32C"):
+        store.verify()
+
+
+# ------------------------------------------------------------------ the sampler
+
+
+def test_sampling_draws_real_neighbours_deterministically(data):
+    _, _, graph = data
+    rel = next(r for r in graph.relations if r.name == "cites")
+    seeds = np.arange(200)
+    first = sample(graph, seeds, [4, 2], seed=5)
+    again = sample(graph, seeds, [4, 2], seed=5)
+    other = sample(graph, seeds, [4, 2], seed=6)
+    assert all(np.array_equal(first.nodes[t], again.nodes[t]) for t in NODE_TYPES)
+    assert any(not np.array_equal(first.nodes[t], other.nodes[t]) for t in NODE_TYPES)
+    inner = first.blocks[-1]
+    src, dst = inner.edges[rel.key]
+    papers = first.nodes["paper"]
+    for s, d in zip(src, dst):  # every sampled edge exists in the graph
+        v = seeds[d]
+        assert papers[s] in rel.indices[rel.indptr[v]:rel.indptr[v + 1]]
+    per_dst = np.bincount(dst, minlength=len(seeds))
+    degree = np.diff(rel.indptr)[seeds]
+    assert (per_dst == np.minimum(degree, 4)).all()  # all of a small neighbourhood, else 4
+    assert np.array_equal(first.nodes["paper"][:len(seeds)], seeds)  # dst nodes come first
+
+
+# ------------------------------------------------------------------ the loaders on known data
+
+
+@pytest.mark.parametrize("mode", ["cgroup", "evict"])
+def test_both_loaders_return_the_igbh_files_rows_bit_for_bit(data, mode):
+    dataset, store, graph = data
+    if mode == "cgroup" and not IS_ROOT:
+        pytest.skip("a memory cgroup needs root")
+    rng = np.random.default_rng(0)
+    hot = hot_rows(graph, store.offsets, 4)[:store.rows // 5]
+    cache = FeatureCache(str(store.path), rows=store.rows, row_bytes=store.row_bytes,
+                         row_stride=store.row_stride, capacity_pages=store.rows // 10,
+                         queue_depth=32, max_coalesce=8)
+    cache.set_cpu_buffer(hot, np.empty((len(hot), FEATURE_DIM), np.float32))
+    budget = MemoryBudget(store, store.rows * store.row_stride // 10,
+                          prefer_cgroup=mode == "cgroup")
+    try:
+        if mode == "cgroup":
+            assert budget.mode == "cgroup", budget.detail
+        for t in NODE_TYPES:
+            ids = edge_rows(dataset, t, rng)  # the first and last rows of every type
+            want = bits(np.asarray(dataset.features(t))[ids])
+            out = np.empty((len(ids), FEATURE_DIM), np.float32)
+            cache.gather(ids + store.offsets[t], out)
+            assert np.array_equal(bits(out), want)
+            assert np.array_equal(bits(budget.gather(ids + store.offsets[t])), want)
+    finally:
+        budget.close()
+        cache.close()
+
+
+def loaders(data, **over):
+    dataset, store, graph = data
+    common = dict(fanouts=[4, 2], batch_size=128, seed=11)
+    gids = GidsLoader(store, graph, dataset.labels(), cache_pages=store.rows // 10, window=4,
+                      threshold=accumulator_threshold(5.8e9, 11e-6, 20e-6, 1, 4096),
+                      cpu_rows=hot_rows(graph, store.offsets, 4)[:store.rows // 5], **common)
+    mmap = MmapLoader(store, graph, dataset.labels(),
+                      budget=MemoryBudget(store, 1 << 30, prefer_cgroup=False), **common)
+    return gids, mmap
+
+
+def test_the_two_loaders_produce_the_same_batches(data):
+    gids, mmap = loaders(data)
+    seeds = np.arange(1000)
+    try:
+        for a, b in zip(gids.batches(seeds), mmap.batches(seeds)):
+            assert np.array_equal(a.sample.seeds, b.sample.seeds)
+            for t in NODE_TYPES:
+                assert np.array_equal(a.sample.nodes[t], b.sample.nodes[t])
+                assert np.array_equal(bits(a.x[t].numpy()), bits(b.x[t].numpy()))
+            assert np.array_equal(a.y.numpy(), b.y.numpy())
+    finally:
+        gids.close()
+        mmap.close()
+
+
+def test_cache_counters_add_up(data):
+    _, store, _ = data
+    cache = FeatureCache(str(store.path), rows=store.rows, row_bytes=store.row_bytes,
+                         row_stride=store.row_stride, capacity_pages=store.rows,
+                         queue_depth=16, max_coalesce=16)
+    hot = np.arange(0, store.rows, 7)
+    cache.set_cpu_buffer(hot, np.empty((len(hot), FEATURE_DIM), np.float32))
+    rows = np.random.default_rng(1).integers(0, store.rows, 3000)
+    out = np.empty((len(rows), FEATURE_DIM), np.float32)
+    store.drop_cache()
+    cache.gather(rows, out)
+    st = cache.stats(reset=True)
+    in_cpu = np.isin(rows, hot)
+    assert st.cpu_hits == in_cpu.sum()
+    assert st.hits + st.misses == st.accesses == (~in_cpu).sum()
+    unique_pages = len(np.unique(rows[~in_cpu]))
+    assert st.misses == unique_pages and st.reads <= unique_pages
+    assert st.read_bytes == st.misses * store.page_size and st.writes == 0
+    cache.gather(rows, out)  # everything is cached now
+    again = cache.stats()
+    assert again.misses == 0 and again.hits == again.accesses and again.reads == 0
+    cache.close()
+
+
+def test_no_page_stays_pinned_after_the_window_drains(data):
+    gids, mmap = loaders(data)
+    mmap.close()
+    try:
+        batches = gids.batches(np.arange(1500))
+        next(batches)
+        assert gids.cache.stats().pinned_pages > 0  # batches sampled ahead hold their pages
+        batches.close()  # stopped early
+        assert gids.cache.stats().pinned_pages == 0
+        for _ in gids.batches(np.arange(1500)):  # run to the end
+            pass
+        assert gids.cache.stats().pinned_pages == 0
+    finally:
+        gids.close()
+
+
+@needs_root
+def test_a_read_only_workload_issues_no_writes(tmp_path, loop_device, data):
+    """Gathers through both loaders on an ext4 loop device mounted noatime: the device counts
+    no write at all."""
+    dataset, _, _ = data
+    dev = loop_device(256 << 20)
+    # no lazy initialisation: ext4 would zero its tables in the background, writing
+    folder = loop_device.mount(dev, mkfs=("-E", "lazy_itable_init=0,lazy_journal_init=0"),
+                               options="noatime")
+    store = feature_store.build(dataset, folder)
+    os.sync()
+    target = Target(folder)
+    before = target.device_stat()
+    cache = FeatureCache(str(store.path), rows=store.rows, row_bytes=store.row_bytes,
+                         row_stride=store.row_stride, capacity_pages=64, queue_depth=16)
+    rows = np.random.default_rng(2).integers(0, store.rows, 2000)
+    cache.gather(rows, np.empty((len(rows), FEATURE_DIM), np.float32))
+    assert cache.stats().writes == 0
+    cache.close()
+    budget = MemoryBudget(store, 1 << 20, prefer_cgroup=False)
+    budget.gather(rows)
+    budget.close()
+    os.sync()
+    after = target.device_stat()
+    assert after.since(before)["write_bytes"] == 0
+    assert after.since(before)["read_bytes"] > 0
+
+
+def test_accumulator_threshold_is_gids_formula():
+    # GIDS defaults: 5.8 GB/s, 11 + 20 us, p = 0.95, 1 SSD, 4 KiB pages -> 854 (reference §2.4)
+    assert accumulator_threshold(5.8e9, 11e-6, 20e-6, 1, 4096) == 854
+    assert accumulator_threshold(5.8e9, 11e-6, 20e-6, 2, 4096) == 1708
+
+
+def test_hot_rows_favour_the_most_sampled_nodes(data):
+    _, store, graph = data
+    order = hot_rows(graph, store.offsets, 4)
+    assert sorted(order) == list(range(store.rows))
+    indeg = np.zeros(store.rows)
+    for rel in graph.relations:  # how often a node is some relation's neighbour
+        np.add.at(indeg, rel.indices + store.offsets[rel.src], 1)
+    top = order[:store.rows // 20]
+    assert indeg[top].mean() > 2 * indeg.mean()
+
+
+# ------------------------------------------------------------------ the suite and the command
+
+
+def test_the_gnn_suite_passes_and_records(tmp_path):
+    proc, results = run_suite(tmp_path, "-k", "not gpu", suite="test_gnn.py", profile=TINY_ALL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = load_record(results)
+    ids = {m["id"] for t in record["tests"] for m in t["measurements"]}
+    assert {"gnn_accuracy[loader=gids]", "gnn_accuracy[loader=mmap]", "gnn_speedup",
+            "gnn_hit_rate", "gnn_stage_s[loader=gids,stage=gather]"} <= ids
+    verdicts = [v for t in record["tests"] for v in t["verdicts"]]
+    assert {v["id"] for v in verdicts} == {"gnn_accuracy[loader=gids]", "gnn_accuracy[loader=mmap]"}
+    assert all(v["passed"] for v in verdicts)
+    assert not (tmp_path / ".qual" / "qual-igbh").exists() and not (tmp_path / ".qual" / "qual-gnn").exists()
+
+
+def test_gnn_command_json(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "gnn", "--target", str(tmp_path),
+                           "--scale", "0.01", "--fanouts", "3,2", "--steps", "3", "--warmup", "1",
+                           "--batch-size", "128", "--json"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert {"e2e_s", "speedup", "accuracy", "cache", "effective_bw_bytes", "stages"} <= doc.keys()
+    assert {"hits", "misses", "cpu_buffer_hits", "ssd_reads", "hit_rate"} <= doc["cache"].keys()
+    assert set(doc["accuracy"]) == {"gids", "mmap"} and doc["cache"]["writes"] == 0
+    assert not list(tmp_path.iterdir())  # what qual made is gone
+
+
+def test_bad_gnn_flags_are_refused_before_any_io(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "gnn", "--target", str(tmp_path),
+                           "--fanouts", "3,x"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--fanouts" in proc.stderr
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(Exception, match="multiple of"):
+        family_table("gnn", {"hidden": 30, "heads": 4})
