@@ -144,11 +144,40 @@ def cache_pages(table: dict, store) -> int:
     return max(1, int(table["cache_share"] * store.rows * store.row_stride // store.page_size))
 
 
-def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
-    """Both loaders train RGAT on the same batches; returns what each measured."""
-    from qual.workloads.gnn.graph import Graph, hot_rows
+def open_loader(name: str, table: dict, store, graph, labels, **common):
+    """One loader as the profile sets it up: (loader, its setup for the record, what to run
+    before every measured step or None)."""
+    from qual.workloads.gnn.graph import hot_rows
     from qual.workloads.gnn.loaders import (GidsLoader, MemoryBudget, MmapLoader,
                                             accumulator_threshold)
+
+    if name == "gids":
+        cpu_rows = None
+        if table["cpu_buffer_share"]:
+            hot = hot_rows(graph, store.offsets, table["fanouts"][0])
+            cpu_rows = np.sort(hot[:int(table["cpu_buffer_share"] * store.rows)])
+        threshold = accumulator_threshold(table["ssd_bandwidth"] * 1e9, table["ssd_latency"],
+                                          table["system_latency"], table["ssds"],
+                                          store.page_size) if table["accumulator"] else 0
+        pages = cache_pages(table, store)
+        loader = GidsLoader(store, graph, labels, cache_pages=pages, window=table["window"],
+                            threshold=threshold, cpu_rows=cpu_rows,
+                            queue_depth=table["queue_depth"], max_coalesce=table["max_coalesce"],
+                            backend=table["backend"], **common)
+        return loader, {"cache_pages": pages, "cpu_buffer_rows": loader.cpu_rows,
+                        "window": table["window"], "accumulator_threshold": threshold}, None
+    budget = MemoryBudget(store, int(table["mmap_memory_share"] * store.rows * store.row_stride),
+                          prefer_cgroup=table["memory_budget"] != "evict")
+    if table["memory_budget"] == "cgroup" and budget.mode != "cgroup":
+        budget.close()
+        raise QualError(errno.ENOTSUP, f"the profile asks for a memory cgroup: {budget.detail}")
+    return MmapLoader(store, graph, labels, budget=budget, **common), budget.as_dict(), \
+        budget.before_step
+
+
+def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
+    """Both loaders train RGAT on the same batches; returns what each measured."""
+    from qual.workloads.gnn.graph import Graph
     from qual.workloads.gnn.train import splits, train
 
     dataset = dataset_of(target, table, progress)
@@ -166,34 +195,7 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
     out = {"dataset": dataset.describe(), "store": store.as_dict(), "loaders": {}}
     for name in table["loaders"]:
         store.drop_cache()  # every loader starts cold
-        before = None
-        if name == "gids":
-            cpu_rows = None
-            if table["cpu_buffer_share"]:
-                hot = hot_rows(graph, store.offsets, table["fanouts"][0])
-                cpu_rows = np.sort(hot[:int(table["cpu_buffer_share"] * store.rows)])
-            threshold = accumulator_threshold(table["ssd_bandwidth"] * 1e9, table["ssd_latency"],
-                                              table["system_latency"], table["ssds"],
-                                              store.page_size) if table["accumulator"] else 0
-            pages = cache_pages(table, store)
-            loader = GidsLoader(store, graph, labels, cache_pages=pages,
-                                window=table["window"], threshold=threshold, cpu_rows=cpu_rows,
-                                queue_depth=table["queue_depth"],
-                                max_coalesce=table["max_coalesce"], backend=table["backend"],
-                                **common)
-            setup = {"cache_pages": pages,
-                     "cpu_buffer_rows": loader.cpu_rows, "window": table["window"],
-                     "accumulator_threshold": threshold}
-        else:
-            budget = MemoryBudget(store, int(table["mmap_memory_share"] * store.rows *
-                                              store.row_stride),
-                                  prefer_cgroup=table["memory_budget"] != "evict")
-            if table["memory_budget"] == "cgroup" and budget.mode != "cgroup":
-                budget.close()
-                raise QualError(errno.ENOTSUP, f"the profile asks for a memory cgroup: {budget.detail}")
-            loader = MmapLoader(store, graph, labels, budget=budget, **common)
-            before = budget.before_step
-            setup = budget.as_dict()
+        loader, setup, before = open_loader(name, table, store, graph, labels, **common)
         window = {}
         hooks = {}
         if name == "gids":  # the cache's counters of the measured steps only, as GIDS reports
