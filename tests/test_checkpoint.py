@@ -342,12 +342,19 @@ def test_checkpoint_command_json(tmp_path):
 
 def test_torchrun_launches_the_ranks(tmp_path):
     """torchrun sets RANK, WORLD_SIZE and MASTER_ADDR; each worker is one rank, rank 0 reports."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", "-m", "qual.cli", "checkpoint", "--target",
-                           str(tmp_path), "--tp", "2", "--scale", "1e-4", "--count", "2",
-                           "--restore", "--json"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)  # one document: only rank 0 prints
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", "2", "-m", "qual.cli", "checkpoint", "--target",
+                             str(tmp_path), "--tp", "2", "--scale", "1e-4", "--count", "2",
+                             "--restore", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:  # torchrun's workers are session leaders: SIGTERM it so it stops them too
+        if proc.poll() is None:
+            proc.terminate()
+            out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    doc = json.loads(out)  # one document: only rank 0 prints
     assert doc["ranks"] == 2 and len(doc["write_s"]) == 2 and doc["verified"] is True
 
 
