@@ -657,6 +657,52 @@ class FeatureCache:
                           pinned_pages=st.pinned_pages, io_s=st.io_ns / 1e9)
 
 
+# ------------------------------------------------------------------ sample files
+
+
+class SampleReader:
+    """Whole-file reads for one data-loader thread (struct qual_reader): every byte of a file
+    read in block_size pieces, queue_depth in flight, into the reader's own buffers. Faults
+    match offsets within each file. `ctl` (shared by the readers of a run) cancels them all."""
+
+    def __init__(self, *, block_size: int, queue_depth: int, align: int, direct: bool = True,
+                 backend: str = "auto", faults: tuple[Fault, ...] = (), ctl=None):
+        if backend not in BACKENDS:
+            raise InvalidJob(errno_mod.EINVAL, f"backend {backend!r} is not one of "
+                             f"{', '.join(BACKENDS)}")
+        o = ffi.new("struct qual_reader_opts *")
+        o.backend, o.direct, o.align = _BACKEND_CODE[backend], int(direct), align
+        o.block_size, o.queue_depth = block_size, queue_depth
+        self._faults = ffi.new("struct qual_fault[]", len(faults)) if faults else ffi.NULL
+        if faults:
+            _fill_faults(self._faults, faults)
+        o.faults, o.nfaults = self._faults, len(faults)
+        out = ffi.new("struct qual_reader **")
+        check(lib.qual_reader_open(o, out), op="open")
+        self._r = ffi.gc(out[0], lib.qual_reader_close)
+        code = ffi.new("int *")
+        check(lib.qual_reader_backend(self._r, code))
+        self.backend = _BACKEND_NAME[code[0]]
+        self.ctl = ctl if ctl is not None else new_ctl()
+        self._bytes = ffi.new("uint64_t *")
+
+    def read(self, path: str) -> int:
+        """Read the whole file; returns its size in bytes."""
+        check(lib.qual_reader_read(self._r, os.fsencode(path), self.ctl, self._bytes),
+              op="read", target=path)
+        return int(self._bytes[0])
+
+    def close(self) -> None:
+        if self._r is not None:
+            ffi.release(self._r)
+            self._r = None
+
+
+def new_ctl():
+    """A control block to share among engine calls: set .cancel = 1 to stop them."""
+    return ffi.new("struct qual_ctl *")
+
+
 # ------------------------------------------------------------------ machine and data helpers
 
 

@@ -269,6 +269,27 @@ int qual_fcache_gather(struct qual_fcache *c, const int64_t *rows, uint64_t n, v
                        struct qual_ctl *ctl);
 int qual_fcache_stats(struct qual_fcache *c, struct qual_fcache_stats *out, int reset);
 
+/* ---------------------------------------------------------------- sample files (reader.c) */
+/* Whole-file reads as a training data loader's read thread does them: open, read every byte
+ * in block_size pieces (queue_depth in flight with io_uring, one at a time with psync) into
+ * the reader's own buffers, close. The bytes are not passed on. One reader per thread. */
+struct qual_reader;
+struct qual_reader_opts {
+    int backend;              /* enum qual_backend */
+    int direct;               /* 1: O_DIRECT; 0: through the page cache */
+    uint32_t align;           /* the target's logical block size */
+    uint32_t block_size;      /* bytes per read, a multiple of align */
+    uint32_t queue_depth;     /* reads in flight (io_uring) */
+    struct qual_fault *faults; /* offsets are within each file */
+    uint32_t nfaults;
+};
+int qual_reader_open(const struct qual_reader_opts *o, struct qual_reader **out);
+int qual_reader_close(struct qual_reader *r);
+int qual_reader_backend(const struct qual_reader *r, int *backend);
+/* Read the whole file; *bytes is its size. ctl (shared by readers) cancels, and its bytes_done
+ * and ops_done (one per file) grow as files complete. */
+int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *ctl,
+                     uint64_t *bytes);
 /* ---------------------------------------------------------------- targets (target.c) */
 
 /* O_DIRECT alignment for path: memory and offset/length, from statx(STATX_DIOALIGN) when the

@@ -112,6 +112,7 @@ struct ring;
 int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align,
               int single_issuer);
 void ring_close(struct ring *r);
+int ring_set_file(struct ring *r, int target_fd); /* point the ring at another descriptor */
 void *ring_buf(struct ring *r, unsigned slot);
 void ring_queue(struct ring *r, int op, unsigned slot, uint64_t off, uint32_t len);
 unsigned ring_pending(const struct ring *r);    /* queued, not yet taken by the kernel */

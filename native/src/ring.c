@@ -201,6 +201,20 @@ int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, 
     return 0;
 }
 
+int ring_set_file(struct ring *r, int target_fd)
+{
+    r->target_fd = target_fd;
+    if (!r->fixed_file)
+        return 0;
+    struct io_uring_files_update up;
+    memset(&up, 0, sizeof(up));
+    up.offset = 0;
+    up.fds = (uint64_t)(uintptr_t)&r->target_fd;
+    if (sys_register(r->fd, IORING_REGISTER_FILES_UPDATE, &up, 1) != 1)
+        r->fixed_file = 0; /* plain descriptors work as well, a little slower */
+    return 0;
+}
+
 void *ring_buf(struct ring *r, unsigned slot)
 {
     return r->bufs + (size_t)slot * r->buf_len;
