@@ -16,9 +16,10 @@ from qual.engine import QualError
 from qual.record import RECORD_NAME
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table
-from qual.workloads import checkpoint, gnn
+from qual.workloads import checkpoint, gnn, training
 from qual.workloads.checkpoint.plan import MODELS, RECIPES, describe
 from qual.workloads.gnn.igbh import SIZES
+from qual.workloads.training.configs import WORKLOADS
 
 RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
       "write": ("write", "sequential"), "randwrite": ("write", "random")}
@@ -123,6 +124,30 @@ def _parser() -> argparse.ArgumentParser:
     gn.add_argument("--json", action="store_true", help="print a JSON document")
     gn.add_argument("--seed", type=int, default=1)
 
+    tr = sub.add_parser("train", help="simulated accelerators reading training data (DLIO)",
+                        description="Simulated accelerators read a DLIO-style dataset from the "
+                                    "target and compute for a fixed time per step; reports AU, "
+                                    "samples/s and bandwidth.")
+    tr.add_argument("--target", default=None, help="a directory on the drive (default: .qual/)")
+    tr.add_argument("--workload", default="unet3d-h100", choices=list(WORKLOADS))
+    tr.add_argument("--accelerators", type=_positive, default=1)
+    tr.add_argument("--epochs", type=_positive, default=1)
+    tr.add_argument("--files", type=_positive, default=None, help="default: the workload's")
+    tr.add_argument("--record-scale", type=float, default=1.0,
+                    help="scales every sample's size, for small targets")
+    tr.add_argument("--batch-size", type=_positive, default=None)
+    tr.add_argument("--computation-time", default=None, help="per step, e.g. 0.323s or 50ms")
+    tr.add_argument("--read-threads", type=_positive, default=None)
+    tr.add_argument("--bs", default="1M", help="bytes per read (default 1M)")
+    tr.add_argument("--iodepth", type=_positive, default=8, help="reads in flight per thread")
+    tr.add_argument("--page-cache", action="store_true", help="read without O_DIRECT")
+    tr.add_argument("--no-calibrate", action="store_true",
+                    help="skip the no-storage run that measures the AU ceiling")
+    tr.add_argument("--seed", type=int, default=None,
+                    help="file order seed (default: a new one every run)")
+    tr.add_argument("--keep", action="store_true", help="keep the dataset for the next run")
+    tr.add_argument("--json", action="store_true", help="print a JSON document")
+
     sub.add_parser("profiles", help="list the shipped profiles")
 
     clean = sub.add_parser("clean", help="remove the scratch file qual created on a target")
@@ -142,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_checkpoint(args)
         if args.command == "gnn":
             return cmd_gnn(args)
+        if args.command == "train":
+            return cmd_train(args)
         if args.command == "run":
             return cmd_run(args, extra)
         if args.command == "profiles":
@@ -151,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             target.cleanup()
             checkpoint.remove(target)
             gnn.remove(target)
+            training.remove(target)
             return 0
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
@@ -209,16 +237,40 @@ def human_line(result: engine.IoResult) -> str:
             f"{units.format_size(result.bytes)} in {result.elapsed:.2f} s")
 
 
+def _flags_table(command: str, family: str, given: dict) -> dict | None:
+    """The family's table from command-line flags, or None after saying what is wrong with
+    them (nothing has been read or written yet)."""
+    try:
+        return family_table(family, {k: v for k, v in given.items() if v is not None})
+    except ProfileError as e:
+        for _, key, problem in e.problems:
+            flag = key.split(".")[-1].replace("_", "-")
+            print(f"qual {command}: error: --{flag}: {problem}", file=sys.stderr)
+        return None
+
+
+def _run_family(family, table: dict, args, **kw) -> dict:
+    """Run a workload family's module on --target, holding the target, with progress on a
+    terminal, and remove what it made unless --keep."""
+    target = Target(args.target)
+    target.lock()
+    quiet = args.json or not sys.stderr.isatty()
+    try:
+        return family.run(target, table, **kw,
+                          progress=None if quiet else lambda m: print(m, file=sys.stderr))
+    finally:
+        if not args.keep:
+            family.remove(target)
+        target.unlock()
+
+
 def cmd_checkpoint(args) -> int:
     given = {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
              "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
              "passes": 1, "per_pass": args.count, "retention": args.keep,
              "restore": args.restore, "baseline": args.baseline}
-    try:
-        table = family_table(checkpoint.NAME, given)
-    except ProfileError as e:
-        for _, key, problem in e.problems:
-            print(f"qual checkpoint: error: --{key.split('.')[-1]}: {problem}", file=sys.stderr)
+    table = _flags_table("checkpoint", checkpoint.NAME, given)
+    if table is None:
         return 2
     if args.plan:
         print(describe(checkpoint.plan_of(table)))
@@ -277,22 +329,13 @@ def cmd_gnn(args) -> int:
              "batch_size": args.batch_size}
     try:
         given["fanouts"] = [int(f) for f in args.fanouts.split(",")]
-        table = family_table(gnn.NAME, given)
-    except (ValueError, ProfileError) as e:
-        for line in (e.problems if isinstance(e, ProfileError) else [("", "fanouts", str(e))]):
-            print(f"qual gnn: error: --{line[1].split('.')[-1]}: {line[2]}", file=sys.stderr)
+    except ValueError as e:
+        print(f"qual gnn: error: --fanouts: {e}", file=sys.stderr)
         return 2
-    target = Target(args.target)
-    target.lock()
-    quiet = args.json or not sys.stderr.isatty()
-    try:
-        result = gnn.run(target, table, seed=args.seed,
-                         progress=None if quiet else lambda m: print(m, file=sys.stderr))
-    finally:
-        if not args.keep:
-            gnn.remove(target)
-        target.unlock()
-    doc = gnn_document(result)
+    table = _flags_table("gnn", gnn.NAME, given)
+    if table is None:
+        return 2
+    doc = gnn_document(_run_family(gnn, table, args, seed=args.seed))
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -329,6 +372,51 @@ def gnn_document(result: dict) -> dict:
                         "ssd_reads": c["reads"], "ssd_read_bytes": c["read_bytes"],
                         "hit_rate": c["hit_rate"], "writes": c["writes"]}
     return doc
+
+
+def cmd_train(args) -> int:
+    given = {"workload": args.workload, "accelerators": [args.accelerators],
+             "epochs": [args.epochs], "files": args.files, "record_scale": args.record_scale,
+             "batch_size": args.batch_size, "computation_time": args.computation_time,
+             "read_threads": args.read_threads, "block_size": args.bs,
+             "queue_depth": args.iodepth, "direct": not args.page_cache,
+             "calibrate": not args.no_calibrate, "shuffle_seed": args.seed}
+    table = _flags_table("train", training.NAME, given)
+    if table is None:
+        return 2
+    doc = training_document(_run_family(training, table, args, seed=args.seed))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for e in doc["per_epoch"]:
+        print(f"epoch {e['epoch']}: AU {e['au_mean'] * 100:.1f} %, {e['samples_per_s']:.1f} "
+              f"samples/s, {e['bw_bytes'] / 2**20:.0f} MiB/s, device read "
+              + (units.format_size(e["device"]["read_bytes"]) if e["device"] else "unknown"))
+    ceiling = f", ceiling without storage {doc['au_ceiling'] * 100:.1f} %" \
+        if doc["au_ceiling"] is not None else ""
+    print(f"{doc['workload']}, {doc['accelerators']} accelerator(s) [{doc['backend']}, "
+          f"{doc['path']}]: AU mean {doc['au_mean'] * 100:.1f} %, lowest epoch "
+          f"{doc['au_min_epoch'] * 100:.1f} %{ceiling}; {doc['samples_per_s']:.1f} samples/s, "
+          f"{doc['bw_bytes'] / 2**20:.0f} MiB/s")
+    for caveat in doc["caveats"]:
+        print(f"CAVEAT: {caveat}")
+    return 0
+
+
+def training_document(result: dict) -> dict:
+    """The `qual train --json` document (one accelerator count, one epochs value)."""
+    r = result["runs"][0]
+    n = r["accelerators"]
+    calib = result["calibration"].get(n)
+    return {"workload": result["workload"]["name"], "accelerators": n, "epochs": r["epochs"],
+            "backend": r["backend"], "path": r["path"], "au_mean": r["au_mean"],
+            "au_min_epoch": r["au_min_epoch"], "samples_per_s": r["samples_per_s"],
+            "bw_bytes": r["bw_bytes"], "bytes": r["bytes"],
+            "device_read_bytes": r["device_read_bytes"],
+            "au_ceiling": calib["au_mean"] if calib else None,
+            "steps_per_epoch": r["steps_per_epoch"], "shuffle_seed": result["shuffle_seed"],
+            "dataset": result["dataset"], "dataset_rule": result["rule"][n],
+            "caveats": training.caveats(result, n), "per_epoch": r["per_epoch"]}
 
 
 def cmd_run(args, extra: list[str]) -> int:

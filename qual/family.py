@@ -56,7 +56,7 @@ class Field:
     default: object = None
     required: bool = False
     choices: tuple[str, ...] = ()
-    minimum: int = 1
+    minimum: int = 1  # counts and sizes; 0 lets a duration be zero
     maximum: int | None = None
     fields: tuple[Field, ...] = ()
     help: str = ""

@@ -9,6 +9,7 @@ error raised by the body is left alone, so Allure shows it as broken, not failed
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import allure
 import pytest
 
-from qual import engine, report, thresholds
+from qual import engine, report, thresholds, units
 from qual.honesty import ImplausibleMeasurement
 from qual.record import RECORD_NAME, Baseline, Measurement, new_record, summarize, write_record
 from qual.target import DEFAULT_TARGET, Target
@@ -146,10 +147,20 @@ class Recorder:
             criteria = profile.criteria_for(m.id)
             severities += [c.severity for c in criteria]
             if criteria and not m.resolved:
-                unresolved.append(m)
+                unresolved.append(f"{m.id} needs at least {m.context.get('samples_needed')} "
+                                  f"samples but the run completed {m.context.get('ops')}: "
+                                  "lengthen the run")
                 continue
+            ceiling = m.context.get("ceiling")  # the most the measuring setup itself can show
             for c in criteria:
-                verdicts.extend(c.judge(m.value))
+                if ceiling is not None and c.min is not None and c.min > ceiling:
+                    unresolved.append(
+                        f"{c.id}: the profile asks for at least {units.format_quantity(c.min, c.unit)}"
+                        f" but the simulation reaches only {units.format_quantity(ceiling, c.unit)} "
+                        f"with no storage at all, so it cannot judge the drive [{c.file}]")
+                    continue
+                caveats = tuple(m.context.get("caveats", ()))
+                verdicts.extend(dataclasses.replace(v, caveats=caveats) for v in c.judge(m.value))
             if baseline:
                 tolerance = next((c.tolerance for c in criteria if c.tolerance is not None),
                                  profile.tolerance)
@@ -177,11 +188,8 @@ class Recorder:
         for line in [v.line() for v in verdicts] + [r.line() for r in regressions]:
             print(line)
         if unresolved:
-            m = unresolved[0]
-            raise ImplausibleMeasurement(
-                errno.EBADE, f"{m.id} needs at least {m.context.get('samples_needed')} samples "
-                f"but the run completed {m.context.get('ops')}: lengthen the run",
-                target=m.context.get("target"))
+            raise ImplausibleMeasurement(errno.EBADE, "; ".join(unresolved),
+                                         target=self.measurements[0].context.get("target"))
         failing = [v.line() for v in verdicts if not v.passed] + \
                   [r.line() for r in regressions if not r.passed]
         if failing:
@@ -357,6 +365,8 @@ class QualSession:
                       f"{s['tests_broken']} tests broken")
         for missing in s["not_judged"]:
             tr.write_line(f"not judged: {missing}")
+        for caveat in s.get("caveats", ()):
+            tr.write_line(f"CAVEAT: {caveat}", yellow=True)
         tr.write_line(f"verdict: {s['verdict']}    run record: {self.record_path}",
                       bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
 

@@ -16,8 +16,8 @@ from qual.family import Metric, measurement_id
 
 SCHEMA = "qual-run/1"
 RECORD_NAME = "qual-run.json"
-BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS", "ratio": "x",
-             "count": "count"}
+BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
+             "samples": "samples/s", "ratio": "x", "count": "count"}
 
 
 @dataclass
@@ -207,4 +207,5 @@ def summarize(tests: list[dict], profile) -> dict:
         "checks_failed": failed,
         "improved": [r["id"] for r in regressions if r["improved"]],
         "not_judged": not_judged,
+        "caveats": sorted({c for v in verdicts for c in v.get("caveats", ())}),
     }

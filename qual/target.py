@@ -377,6 +377,15 @@ def write_marker(path: Path, written: int) -> None:
     os.replace(tmp, marker_path(path))
 
 
+def fsync_dir(path: Path) -> None:
+    """Make the entries of a folder durable (files created, renamed or removed in it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 # ------------------------------------------------------------------ the target
 
 

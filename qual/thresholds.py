@@ -115,6 +115,7 @@ class Verdict:
     bound: str  # "min" or "max"
     limit: float
     margin: float  # fraction of the limit by which the value is inside (+) or outside (-)
+    caveats: tuple[str, ...] = ()  # what the measurement says limits its meaning
 
     def line(self) -> str:
         """`seq_read_bw[bs=1M,qd=128] = 5.81 GiB/s < min 6.0 GiB/s (-3.2 %) [file: source]`"""
@@ -124,15 +125,17 @@ class Verdict:
         else:
             op = "<=" if self.passed else ">"
         margin = f"{self.margin * 100:+.1f} %" if math.isfinite(self.margin) else "n/a"
+        caveats = "".join(f"; CAVEAT: {x}" for x in self.caveats)
         return (f"{c.id} = {units.format_quantity(self.value, c.unit)} {op} {self.bound} "
-                f"{units.format_quantity(self.limit, c.unit)} ({margin}) [{c.file}: {c.source}]")
+                f"{units.format_quantity(self.limit, c.unit)} ({margin}) [{c.file}: {c.source}]"
+                f"{caveats}")
 
     def as_dict(self) -> dict:
         c = self.criterion
         return {"id": c.id, "metric": c.metric, "value": self.value, "bound": self.bound,
                 "limit": self.limit, "unit": c.unit, "margin": self.margin,
                 "passed": self.passed, "severity": c.severity, "source": c.source,
-                "origin": c.origin, "line": self.line()}
+                "origin": c.origin, "caveats": list(self.caveats), "line": self.line()}
 
 
 # ------------------------------------------------------------------ the profile
@@ -362,7 +365,7 @@ def _parse_value(f: Field, value, label, where, problems):
     if kind == "size":
         return units.parse_size(value, name=f.name, minimum=f.minimum)
     if kind == "duration":
-        return units.parse_duration(value, name=f.name)
+        return units.parse_duration(value, name=f.name, zero_ok=f.minimum == 0)
     if kind == "count":
         return units.parse_count(value, name=f.name, minimum=f.minimum, maximum=f.maximum)
     if kind == "ratio":

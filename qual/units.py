@@ -2,7 +2,8 @@
 
 Sizes follow fio's convention: a bare K/M/G/T suffix and KiB/MiB/GiB/TiB are binary (1024);
 KB/MB/GB/TB are decimal (1000), as drive vendors print them. Values are held in base units:
-bytes, bytes per second, seconds, operations per second, and plain ratios (70 % = 0.70).
+bytes, bytes per second, seconds, operations per second, samples per second, and plain
+ratios (70 % = 0.70).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class UnitError(ValueError):
 @dataclass(frozen=True)
 class Unit:
     name: str
-    dimension: str  # size | bandwidth | time | rate | ratio | count
+    dimension: str  # size | bandwidth | time | rate | samples | ratio | count
     factor: float  # base units per one of this unit
 
 
@@ -47,8 +48,9 @@ for _n in ("K", "M", "G", "T"):  # fio accepts 4k, 1m: single-letter suffixes in
 UNITS["%"] = Unit("%", "ratio", 0.01)
 UNITS["x"] = Unit("x", "ratio", 1.0)
 UNITS["count"] = Unit("count", "count", 1.0)
+UNITS["samples/s"] = Unit("samples/s", "samples", 1.0)  # training samples consumed
 
-DIMENSIONS = ("size", "bandwidth", "time", "rate", "ratio", "count")
+DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "ratio", "count")
 
 _QUANTITY = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ%/]*)\s*$")
 
@@ -102,11 +104,16 @@ def parse_size(value: object, *, name: str = "size", minimum: int = 1) -> int:
     return int(size)
 
 
-def parse_duration(value: object, *, name: str = "duration", minimum: float = 0.0) -> float:
-    """A duration in seconds (a bare number is seconds), more than `minimum`."""
+def parse_duration(value: object, *, name: str = "duration", minimum: float = 0.0,
+                   zero_ok: bool = False) -> float:
+    """A duration in seconds (a bare number is seconds), more than `minimum` (or exactly 0
+    where `zero_ok`)."""
     seconds = parse_quantity(value, "time", default_unit="s")
+    if zero_ok and seconds == 0:
+        return 0.0
     if seconds <= minimum:
-        raise UnitError(f"{name} {value!r} must be longer than {minimum} s")
+        allowed = "0 or " if zero_ok else ""
+        raise UnitError(f"{name} {value!r} must be {allowed}longer than {minimum} s")
     return seconds
 
 
@@ -133,6 +140,7 @@ _AUTO = {
     "bandwidth": ("B/s", "KiB/s", "MiB/s", "GiB/s", "TiB/s"),
     "time": ("ns", "us", "ms", "s"),
     "rate": ("IOPS", "kIOPS", "MIOPS"),
+    "samples": ("samples/s",),
 }
 
 

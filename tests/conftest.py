@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,15 @@ def pattern_file(tmp_path):
         return path
 
     return make
+
+
+def _unmount(point: str, wait_s: float = 10.0) -> None:
+    """umount, waiting out "target is busy" while the kernel finishes closing io_uring rings
+    (their teardown runs after close() returns and holds the files they used until it ends)."""
+    deadline = time.monotonic() + wait_s
+    while subprocess.run(["umount", point], capture_output=True).returncode and \
+            os.path.ismount(point) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -65,6 +75,6 @@ def loop_device(tmp_path):
     yield make
     for dev, mounts in reversed(made):
         for point in mounts:
-            subprocess.run(["umount", point], capture_output=True)
+            _unmount(point)
         subprocess.run(["partx", "--delete", dev], capture_output=True)
         subprocess.run(["losetup", "--detach", dev], capture_output=True)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from qual import engine
-from qual.engine import (BackendUnavailable, DataMismatch, DeviceIoError, Fault, InvalidJob,
+from qual.engine import (DataMismatch, DeviceIoError, Fault, InvalidJob,
                          IoJob, NoSpace, QualError, TargetUnavailable, run_job)
 
 from testbed import IS_ROOT

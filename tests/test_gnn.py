@@ -12,10 +12,9 @@ import pytest
 from qual.engine import DataMismatch, FeatureCache
 from qual.target import Target
 from qual.thresholds import family_table
-from qual.workloads import gnn
 from qual.workloads.gnn import store as feature_store
 from qual.workloads.gnn.graph import Graph, hot_rows, sample
-from qual.workloads.gnn.igbh import FEATURE_DIM, IGBH, NODE_TYPES, RELATIONS, generate
+from qual.workloads.gnn.igbh import FEATURE_DIM, NODE_TYPES, RELATIONS, generate
 from qual.workloads.gnn.loaders import (GidsLoader, MemoryBudget, MmapLoader,
                                         accumulator_threshold)
 from testbed import IS_ROOT, TINY_ALL, load_record, needs_root, run_suite

@@ -5,7 +5,6 @@ import json
 import re
 import textwrap
 
-import pytest
 
 from testbed import TINY_PROFILE, load_record, run_suite
 

@@ -1,6 +1,7 @@
 """The workload families qual runs; each owns a table of the profile and a suite file."""
 
 from qual.family import Family
-from qual.workloads import bandwidth, checkpoint, gnn
+from qual.workloads import bandwidth, checkpoint, gnn, training
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (bandwidth.FAMILY, checkpoint.FAMILY, gnn.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (bandwidth.FAMILY, checkpoint.FAMILY, gnn.FAMILY,
+                                                    training.FAMILY)}

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from qual import engine, honesty
+from qual import honesty
 from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_for
 from qual.family import Family, Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure

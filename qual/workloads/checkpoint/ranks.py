@@ -24,7 +24,7 @@ import numpy as np
 from qual import engine
 from qual.engine import DataMismatch, QualError
 from qual.target import device_stat
-from qual.workloads.checkpoint.plan import DTYPE_BYTES, Layout, RankPlan, build_plan
+from qual.workloads.checkpoint.plan import Layout, RankPlan, build_plan
 from qual.workloads.checkpoint.store import CheckpointStore, IncompleteCheckpoint, rank_file
 
 TENSOR_ALIGN = 64  # every tensor starts on a 64-byte boundary in its file

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from qual import engine
 from qual.engine import DataMismatch, QualError
+from qual.target import fsync_dir
 
 ROOT_NAME = "qual-checkpoints"
 MARKER = ".qual-checkpoints.json"
@@ -36,14 +37,6 @@ class IncompleteCheckpoint(QualError):
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.bin"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _canonical(manifest: dict) -> bytes:
@@ -69,7 +62,7 @@ class CheckpointStore:
         if not marker.exists():
             marker.write_text(json.dumps({"created_by": "qual", "format": FORMAT,
                                           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
 
     def owned(self) -> bool:
         try:
@@ -99,10 +92,10 @@ class CheckpointStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, partial / MANIFEST)
-        _fsync_dir(partial)
+        fsync_dir(partial)
         final = partial.with_name(partial.name.removesuffix(PARTIAL))
         os.replace(partial, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return final
 
     # ---- reading

@@ -1,0 +1,54 @@
+"""Training-data ingestion, seed 001's procedure: simulated accelerators read sample files
+through the native engine and compute for a fixed time per step, swept over accelerator counts;
+AU and bandwidth judged against the profile, the accelerators one drive keeps busy, the
+simulator's own AU ceiling, and whether the dataset is big enough to mean anything."""
+
+import allure
+import pytest
+
+from qual import report
+from qual.workloads import training
+
+pytestmark = [pytest.mark.training]
+
+
+@pytest.fixture(scope="module")
+def outcome(table, target, request):
+    if target.directory is None:
+        pytest.skip("sample files need a filesystem: qualify a directory on the drive")
+    try:
+        yield training.run(target, table)
+    finally:
+        if not request.config.option.qual_keep_scratch:
+            training.remove(target)
+
+
+def _pick(outcome, target, *metrics):
+    return [m for m in training.measurements(outcome, target) if m.metric in metrics]
+
+
+@allure.feature("training AU")
+def test_utilisation(outcome, target, record):
+    """Mean and lowest-epoch AU per accelerator count, and the no-storage ceiling."""
+    record.add(_pick(outcome, target, "train_au", "train_au_min_epoch", "train_au_ceiling"))
+    record.attach("AU vs accelerators", report.training_sweep_chart(outcome, "au"))
+
+
+@allure.feature("training throughput")
+def test_throughput(outcome, target, record):
+    """Samples/s and bytes/s per accelerator count, and the share the device really read."""
+    record.add(_pick(outcome, target, "train_samples_per_s", "train_bw",
+                     "train_device_read_share"))
+    record.attach("MiB/s vs accelerators", report.training_sweep_chart(outcome, "bw"))
+
+
+@allure.feature("accelerators per drive")
+def test_accelerators_per_drive(outcome, target, record):
+    """The most accelerators of the sweep that held the AU floor (MLPerf Storage's headline)."""
+    record.add(_pick(outcome, target, "train_max_accelerators"))
+
+
+@allure.feature("training dataset size")
+def test_dataset_size(outcome, target, record):
+    """Files against MLPerf Storage's minimum (500 steps of every accelerator, 5x host RAM)."""
+    record.add(_pick(outcome, target, "train_dataset_share"))
