@@ -143,9 +143,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(job: dict, processes: int, workdir: Path) -> dict:
+def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
     """Run the rank processes on this host (as torchrun would) and return rank 0's results.
-    If one rank fails, the others are stopped and its error is raised here."""
+    If one rank fails, the others are stopped and its error is raised here. Rank 0's progress
+    lines go to `progress` as they come."""
+    said = workdir / "progress.log"
+    job = {**job, "progress": str(said) if progress else None}
+    seen = 0
     job_path = workdir / "job.json"
     job_path.write_text(json.dumps(job))
     base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
@@ -162,12 +166,20 @@ def launch(job: dict, processes: int, workdir: Path) -> dict:
         while any(p.poll() is None for p in procs):
             if any(p.returncode not in (None, 0) for p in procs):
                 break
+            if progress and said.exists():
+                text = said.read_text()
+                done = text[seen:text.rfind("\n") + 1]
+                seen += len(done)
+                for line in done.splitlines():
+                    progress(f"checkpoint {line}")
             time.sleep(0.1)
     finally:
         _stop(procs)
+    # the cause: an engine error (ENOSPC, EIO, ...) before any other failure, since a rank
+    # that lost its peer may catch that before the failing rank has caught its own
     errors = sorted((json.loads(p.read_text()) for p in Path(job["errors"]).glob("rank-*.json")),
-                    key=lambda e: e["at"])
-    if errors:  # the first failure is the cause; later ones are ranks losing their peer
+                    key=lambda e: ("trace" in e, e["at"]))
+    if errors:
         e = errors[0]
         cls = error_for(e["errno"])
         raise cls(e["errno"], f"rank {e['rank']}: {e['message']}", op=e.get("op"),
@@ -193,7 +205,7 @@ def _stop(procs) -> None:
 
 
 def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None,
-        per_pass: int | None = None) -> dict | None:
+        per_pass: int | None = None, progress=None) -> dict | None:
     """The checkpoint workload on a target's folder; returns rank 0's results. Launched by
     torchrun (RANK and WORLD_SIZE set), this process is one rank and only rank 0 returns
     results; otherwise the ranks are started here, one process each."""
@@ -236,7 +248,7 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
             if result is None:  # not rank 0: rank 0 reports
                 return None
         else:
-            result = launch(job, processes, workdir)
+            result = launch(job, processes, workdir, progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if leader:
