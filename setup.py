@@ -1,13 +1,13 @@
-# cffi hooks its extension into setuptools through `cffi_modules` only, and the shipped profiles
-# and suites (thresholds/, suites/ at the top of the tree) are copied into the wheel as
-# qual/data/; everything else is in pyproject.toml.
+# cffi hooks its extension into setuptools through `cffi_modules` only, and the shipped
+# profiles, suites and Allure config (thresholds/, suites/, allure/ at the top of the tree) are
+# copied into the wheel as qual/data/; everything else is in pyproject.toml.
 import shutil
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-SHIPPED = {"thresholds": "*.toml", "suites": "*.py"}
+SHIPPED = {"thresholds": "*.toml", "suites": "*.py", "allure": "*.mjs"}
 
 
 class BuildWithShippedData(build_py):

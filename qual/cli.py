@@ -1,6 +1,6 @@
-"""The `qual` command: `io` runs one job with fio-like flags, `checkpoint` writes and restores
-LLM checkpoints, `run` runs the suites (a thin wrapper over pytest), `profiles` lists the
-shipped profiles, `clean` removes what qual made on a target."""
+"""The `qual` command: one subcommand per workload (`io`, `checkpoint`, `gnn`, `train`), `run`
+(the suites, a thin wrapper over pytest), `report` (Allure HTML), `compare` (firmware gating),
+`profiles` (the shipped profiles) and `clean` (removes what qual made on a target)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-from qual import engine, shipped, units
+from qual import engine, record, report, shipped, units
 from qual.engine import QualError
 from qual.record import RECORD_NAME
 from qual.target import Target
-from qual.thresholds import ProfileError, family_table
+from qual.thresholds import DEFAULT_GATE, SEVERITIES, ProfileError, family_table
 from qual.workloads import checkpoint, gnn, training
 from qual.workloads.checkpoint.plan import MODELS, RECIPES, describe
 from qual.workloads.gnn.igbh import SIZES
@@ -77,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the qualification suites (a wrapper over pytest)",
                          description="Run the suites; unknown arguments go to pytest.")
-    run.add_argument("--target", default=None, help="file, directory or block device")
+    run.add_argument("--target", action="append", default=None,
+                     help="file, directory or block device; several for a rig's drives")
     run.add_argument("--profile", default="ci", help="profile name or .toml path (default ci)")
     run.add_argument("--results", default="qual-results",
                      help="folder for qual-run.json and allure-results/ (default qual-results)")
@@ -148,6 +150,41 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--keep", action="store_true", help="keep the dataset for the next run")
     tr.add_argument("--json", action="store_true", help="print a JSON document")
 
+    rp = sub.add_parser("report", help="the HTML qualification report (Allure 3)",
+                        description="Build the Allure HTML report of one or more runs with the "
+                                    "Allure 3 CLI and qual's allurerc.mjs, then apply its "
+                                    "quality gate. Exit 0: built and the gate holds; 1: the "
+                                    "gate failed; 2: nothing to report or no Allure 3 CLI.")
+    rp.add_argument("results", nargs="+", help="qual results folders (qual-results/) or "
+                                               "allure-results folders")
+    rp.add_argument("--out", required=True, help="the report folder (made by qual)")
+    rp.add_argument("--single-file", action="store_true",
+                    help="one self-contained index.html, to attach to an acceptance email")
+    rp.add_argument("--history", default=None, metavar="JSONL",
+                    help="trend history across runs (default: qual-history.jsonl beside --out)")
+    rp.add_argument("--gate", choices=SEVERITIES, default=None,
+                    help="least severity whose failed test fails the gate (default: the "
+                         "profile's `gate`)")
+
+    cmp = sub.add_parser("compare", help="gate a run record against a baseline (firmware CI)",
+                         description="Compare every comparable measurement of NEW with the same "
+                                     "measurement of BASELINE, against the profile's tolerance. "
+                                     "Exit 0: all within tolerance; 1: a regression; 2: refused "
+                                     "or unreadable; 3: no regression, but a metric improved "
+                                     "beyond its tolerance (refresh the baseline).")
+    cmp.add_argument("baseline", help="the previous run record (qual-run.json)")
+    cmp.add_argument("new", help="the run record to judge")
+    cmp.add_argument("--tolerance", default=None,
+                     help="for criteria with no tolerance of their own (default: the profile's)")
+    cmp.add_argument("--allow-other-drive", action="store_true",
+                     help="compare records of different drive models")
+    cmp.add_argument("--allow-other-profile", action="store_true",
+                     help="compare records of different profiles")
+    cmp.add_argument("--accept-improvements", action="store_true",
+                     help="exit 0, not 3, when metrics only improved")
+    cmp.add_argument("--chart", default=None, metavar="PNG", help="write a before/after chart")
+    cmp.add_argument("--json", action="store_true", help="print a JSON document")
+
     sub.add_parser("profiles", help="list the shipped profiles")
 
     clean = sub.add_parser("clean", help="remove the scratch file qual created on a target")
@@ -173,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args, extra)
         if args.command == "profiles":
             return cmd_profiles()
+        if args.command == "compare":
+            return cmd_compare(args)
+        if args.command == "report":
+            return cmd_report(args)
         if args.command == "clean":
             target = Target(args.target)
             target.cleanup()
@@ -419,6 +460,124 @@ def training_document(result: dict) -> dict:
             "caveats": training.caveats(result, n), "per_epoch": r["per_epoch"]}
 
 
+REPORT_MARK = ".qual-report"  # in a report folder qual made: the only kind it overwrites
+
+
+def cmd_report(args) -> int:
+    import subprocess
+
+    def fail(message: str) -> int:
+        print(f"qual report: error: {message}", file=sys.stderr)
+        return 2
+
+    allure_dirs, records = [], []
+    for folder in map(Path, args.results):
+        if not folder.is_dir():
+            return fail(f"{folder} is not a folder")
+        dirs, recs = report.find_results(folder)
+        if not dirs:
+            return fail(f"{folder} holds no Allure results (qual run writes them to "
+                        "qual-results/allure-results)")
+        allure_dirs += dirs
+        records += recs
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not (out / REPORT_MARK).exists():
+        return fail(f"{out} is not empty and qual did not make it: give a new folder")
+    cli = report.allure_command()
+    if cli is None:
+        return fail(report.ALLURE_MISSING)
+    gate = args.gate or next((r["profile"].get("gate") for r in records
+                              if r["profile"].get("gate")), DEFAULT_GATE)
+    history = Path(args.history) if args.history else out.resolve().parent / "qual-history.jsonl"
+    env = {**os.environ, "QUAL_REPORT_NAME": report.report_name(records) if records else
+           "qual qualification", "QUAL_OUTPUT": str(out.resolve()), "QUAL_HISTORY": str(history),
+           "QUAL_SINGLE_FILE": "1" if args.single_file else "0",
+           "QUAL_GATE_SEVERITIES": ",".join(SEVERITIES[:SEVERITIES.index(gate) + 1]),
+           "NO_COLOR": "1", "FORCE_COLOR": "0"}
+    config = shipped("allure") / "allurerc.mjs"
+    dirs = [str(d.resolve()) for d in allure_dirs]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_MARK).write_text("made by qual report\n")
+    built = subprocess.run([*cli, "generate", "--config", str(config), "--output",
+                            str(out.resolve()), *dirs], env=env, capture_output=True, text=True)
+    # the Awesome plugin writes to --out itself or, in some layouts, to its own subfolder
+    index = next((p for p in (out / "index.html", out / "awesome" / "index.html") if p.exists()),
+                 None)
+    if built.returncode != 0 or index is None:
+        return fail(f"the Allure CLI could not build the report:\n{built.stdout}{built.stderr}")
+    # the gate keeps state in its output folder, and counts nothing it has seen there before:
+    # give it a fresh one of its own
+    with tempfile.TemporaryDirectory(prefix="qual-gate-") as scratch:
+        gated = subprocess.run([*cli, "quality-gate", "--config", str(config), *dirs],
+                               env={**env, "QUAL_OUTPUT": scratch}, capture_output=True,
+                               text=True)
+    said = (gated.stdout + gated.stderr).strip()
+    if gated.returncode != 0 and "quality gate" not in said.lower():  # it broke, not judged
+        return fail(f"the report is at {index}, but the Allure CLI could not apply the "
+                    f"quality gate:\n{said[-2000:]}\n{report.ALLURE_MISSING}")
+    print(f"report: {index}" + (" (single file)" if args.single_file else ""))
+    if not args.single_file:  # its pages load their data over HTTP, which file:// cannot serve
+        print(f"open it with: {' '.join(cli)} open {index.parent}")
+    print(f"history: {history}")
+    print(f"quality gate (no failed test of severity {gate} or above): "
+          + ("passed" if gated.returncode == 0 else "FAILED"))
+    if gated.returncode != 0:
+        print(said)
+    return 0 if gated.returncode == 0 else 1
+
+
+def cmd_compare(args) -> int:
+    def fail(message: str) -> int:
+        print(f"qual compare: error: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        old, new = record.read_record(args.baseline), record.read_record(args.new)
+        tolerance = units.parse_quantity(args.tolerance, "ratio") if args.tolerance else None
+    except (ValueError, units.UnitError) as e:
+        return fail(str(e))
+    refused = record.mismatches(old, model=record.drive_model(new),
+                                profile=new.get("profile", {}).get("name"))
+    refused = [r for r in refused if not (
+        (r.startswith("drive model") and args.allow_other_drive) or
+        (r.startswith("profile") and args.allow_other_profile))]
+    if refused:
+        return fail("; ".join(refused) + " (--allow-other-drive / --allow-other-profile to "
+                    "compare them anyway)")
+    rows, gone, added = record.compare_records(old, new, old_label=Path(args.baseline).name,
+                                               default_tolerance=tolerance)
+    if not rows:
+        return fail(f"{args.new} and {args.baseline} share no comparable measurement")
+    regressed = [r for r in rows if not r.passed]
+    improved = [r for r in rows if r.improved]
+    if args.chart:
+        Path(args.chart).write_bytes(report.baseline_chart(rows, f"{args.baseline} -> {args.new}"))
+    refresh = f"cp {args.new} {args.baseline}"
+    if args.json:
+        print(json.dumps({"baseline": args.baseline, "new": args.new,
+                          "metrics": [r.as_dict() for r in rows], "regressed": len(regressed),
+                          "improved": len(improved), "only_in_baseline": gone,
+                          "only_in_new": added, "refresh_baseline": refresh}, indent=2))
+    else:
+        for label, path, doc in (("baseline", args.baseline, old), ("new", args.new, new)):
+            print(f"{label:8}  {path}: {report.run_label(doc)}")
+        for line in report.table_lines(report.comparison_rows(rows),
+                                       header=report.COMPARISON_HEADER):
+            print(line)
+        print(f"{len(rows)} compared: {len(regressed)} regressed, {len(improved)} improved "
+              f"beyond tolerance, {len(rows) - len(regressed) - len(improved)} within tolerance")
+        for mid in gone:
+            print(f"not measured in the new run: {mid}")
+        for r in regressed:
+            print(f"REGRESSED: {r.line()}")
+        for r in improved:
+            print(f"IMPROVED: {r.line()}")
+        print(f"to make the new run the baseline: {refresh}")
+    if regressed:
+        return 1
+    return 3 if improved and not args.accept_improvements else 0
+
+
 def cmd_run(args, extra: list[str]) -> int:
     import pytest
 
@@ -427,10 +586,11 @@ def cmd_run(args, extra: list[str]) -> int:
     # Allure results accumulate across runs: start clean, here and not under xdist workers
     shutil.rmtree(alluredir, ignore_errors=True)
     (results / RECORD_NAME).unlink(missing_ok=True)
+    for old in results.glob(f"*/{RECORD_NAME}"):  # a previous multi-drive run's records
+        old.unlink()
     argv = [str(shipped("suites")), f"--qual-profile={args.profile}",
             f"--qual-results={results}", f"--alluredir={alluredir}", "-p", "no:cacheprovider", "-p", "no:benchmark"]
-    if args.target:
-        argv.append(f"--qual-target={args.target}")
+    argv += [f"--qual-target={t}" for t in args.target or ()]
     return int(pytest.main(argv + extra))
 
 

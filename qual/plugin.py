@@ -9,9 +9,11 @@ error raised by the body is left alone, so Allure shows it as broken, not failed
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -19,15 +21,18 @@ import allure
 import pytest
 
 from qual import engine, report, thresholds, units
+from qual.engine import QualError
 from qual.honesty import ImplausibleMeasurement
-from qual.record import RECORD_NAME, Baseline, Measurement, new_record, summarize, write_record
+from qual.record import (RECORD_NAME, Baseline, Measurement, drive_model, new_record, summarize,
+                         write_record)
 from qual.target import DEFAULT_TARGET, Target
 from qual.workloads import FAMILIES
 
 SESSION_KEY = pytest.StashKey["QualSession"]()
 RECORDER_KEY = pytest.StashKey["Recorder"]()
 # keys of report.user_properties: how a worker's results reach the controller under xdist
-PAYLOAD, STATUS, QUAL_TEST, TARGET_INFO = "qual", "qual_status", "qual_test", "qual_target"
+PAYLOAD, STATUS, QUAL_TEST, TARGET_INFO, DRIVE = ("qual", "qual_status", "qual_test",
+                                                  "qual_target", "qual_drive")
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 
@@ -35,19 +40,23 @@ DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 def pytest_addoption(parser):
     g = parser.getgroup("qual", "qual: NVMe SSD qualification")
     g.addoption("--qual-target", action="append", default=None, metavar="PATH",
-                help="file, directory or block device to qualify "
-                     f"(default: a scratch file {DEFAULT_TARGET})")
+                help="file, directory or block device to qualify (default: a scratch file "
+                     f"{DEFAULT_TARGET}); several: each drive is qualified in turn, one run "
+                     "record per drive")
     g.addoption("--qual-profile", default="ci", metavar="NAME|FILE",
                 help="threshold profile: a shipped name (see `qual profiles`) or a .toml path "
                      "(default: ci)")
     g.addoption("--qual-results", default="qual-results", metavar="DIR",
                 help="where the run record qual-run.json goes (default: qual-results)")
-    g.addoption("--qual-baseline", default=None, metavar="FILE",
-                help="a previous qual-run.json: a regression beyond the profile's tolerance fails")
+    g.addoption("--qual-baseline", action="append", default=None, metavar="FILE",
+                help="a previous qual-run.json: a regression beyond the profile's tolerance "
+                     "fails (one per --qual-target, in the same order)")
+    g.addoption("--qual-baseline-any", action="store_true",
+                help="gate against a baseline of another drive model or profile")
     g.addoption("--qual-allow-destructive", action="store_true",
                 help="allow writes to a block device (the safety guard still applies)")
-    g.addoption("--qual-confirm-serial", default=None, metavar="SERIAL",
-                help="the serial of the block device you mean to overwrite")
+    g.addoption("--qual-confirm-serial", action="append", default=None, metavar="SERIAL",
+                help="the serial of the block device you mean to overwrite (once per device)")
     g.addoption("--qual-keep-scratch", action="store_true",
                 help="keep qual's scratch file after the run (the next run reuses it)")
     g.addoption("--qual-seed", type=int, default=1, metavar="N",
@@ -78,16 +87,31 @@ def profile(request) -> thresholds.Profile:
     return qual_session(request.config).profile
 
 
+def pytest_generate_tests(metafunc):
+    """Several --qual-target: every test that touches a drive runs once per drive."""
+    specs = qual_session(metafunc.config).target_specs
+    if "target" in metafunc.fixturenames and len(specs) > 1:
+        metafunc.parametrize("target", specs, indirect=True, scope="session",
+                             ids=[f"drive{i}" for i in range(len(specs))])
+
+
 @pytest.fixture(scope="session")
 def target(request):
     """The target under qualification; qual's scratch file is removed at the end."""
     session = qual_session(request.config)
-    t = session.open_target()
+    t = session.open_target(getattr(request, "param", session.target_specs[0]))
     t.lock()
     yield t
     if not request.config.option.qual_keep_scratch:
         t.cleanup()
     t.unlock()
+
+
+@pytest.fixture(scope="session")
+def progress(request):
+    """A callable that shows one line of a long workload's progress on the terminal (not
+    with -q); under xdist each line names its worker."""
+    return qual_session(request.config).progress
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +135,9 @@ def record(request) -> Recorder:
 
 
 @pytest.fixture
-def session_measurements(request) -> list[Measurement]:
-    """Every measurement recorded so far by this process (for chart tests)."""
-    return qual_session(request.config).measurements
+def session_measurements(request, target) -> list[Measurement]:
+    """Every measurement of this drive recorded so far by this process (for chart tests)."""
+    return qual_session(request.config).measurements.setdefault(target.spec, [])
 
 
 # ------------------------------------------------------------------ per test
@@ -129,9 +153,13 @@ class Recorder:
     def seed(self) -> int:
         return self.session.config.option.qual_seed
 
+    @property
+    def spec(self) -> str:
+        return self.session.spec_of(self.item)
+
     def add(self, measurements: list[Measurement]) -> None:
         self.measurements.extend(measurements)
-        self.session.measurements.extend(measurements)
+        self.session.measurements.setdefault(self.spec, []).extend(measurements)
 
     def attach(self, name: str, body, kind: str = "png") -> None:
         types = {"png": allure.attachment_type.PNG, "json": allure.attachment_type.JSON,
@@ -141,7 +169,7 @@ class Recorder:
     def finish(self) -> None:
         """Judge, record and label everything, then fail once if any check failed."""
         __tracebackhide__ = True
-        profile, baseline = self.session.profile, self.session.baseline
+        profile, baseline = self.session.profile, self.session.baselines.get(self.spec)
         verdicts, regressions, unresolved, severities = [], [], [], []
         for m in self.measurements:
             criteria = profile.criteria_for(m.id)
@@ -179,7 +207,7 @@ class Recorder:
             allure.dynamic.story(metric)
         order = thresholds.SEVERITIES
         allure.dynamic.severity(min(severities, key=order.index) if severities else "minor")
-        drive = self.session.drive_label()
+        drive = self.session.drive_label(self.spec)
         allure.dynamic.title(f"{self.item.name} on {drive}")
         allure.dynamic.parameter("drive", drive)
         allure.dynamic.parameter("profile", profile.name)
@@ -212,13 +240,14 @@ def pytest_runtest_call(item):
 def pytest_runtest_makereport(item, call):
     rep = yield
     if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
-        extra = [(QUAL_TEST, True)]
+        extra = [(QUAL_TEST, True), (DRIVE, qual_session(item.config).spec_of(item))]
         if rep.failed:
             exc = call.excinfo
             judged = rep.when == "call" and exc is not None and \
                 (exc.errisinstance(AssertionError) or exc.errisinstance(pytest.fail.Exception))
             extra.append((STATUS, "failed" if judged else "broken"))
-        info = qual_session(item.config).target_info()
+        session = qual_session(item.config)
+        info = session.target_info(session.spec_of(item))
         if info:
             extra.append((TARGET_INFO, info))
         rep.user_properties = [*rep.user_properties, *extra]  # a copy: item's list is shared
@@ -229,8 +258,8 @@ def pytest_runtest_makereport(item, call):
 
 
 class QualSession:
-    """Loaded before any I/O: the profile, the baseline and the target's name; on the
-    controller it gathers every qual test's report into the run record."""
+    """Loaded before any I/O: the profile, the baselines and the targets' names; on the
+    controller it gathers every qual test's report into one run record per drive."""
 
     def __init__(self, config):
         self.config = config
@@ -240,22 +269,31 @@ class QualSession:
             self.profile = thresholds.load_profile(opt.qual_profile)
         except thresholds.ProfileError as e:
             raise pytest.UsageError(f"--qual-profile {opt.qual_profile}: invalid profile:\n{e}") from None
-        self.baseline = None
-        if opt.qual_baseline:
+        specs = opt.qual_target or [DEFAULT_TARGET]
+        if len(set(specs)) != len(specs):
+            raise pytest.UsageError("--qual-target: a drive is named twice")
+        for spec in specs:
+            given = Path(spec)
+            if spec != DEFAULT_TARGET and not given.exists() and not given.parent.is_dir():
+                raise pytest.UsageError(f"--qual-target {spec}: no such file, directory or "
+                                        f"device, and {given.parent} is not a directory to "
+                                        "create it in")
+        self.target_specs: list[str] = specs
+        self.baselines: dict[str, Baseline] = {}
+        paths = opt.qual_baseline or []
+        if paths and len(paths) != len(specs):
+            raise pytest.UsageError(f"--qual-baseline: give one per --qual-target ({len(specs)}),"
+                                    f" in the same order; got {len(paths)}")
+        for spec, path in zip(specs, paths):
             try:
-                self.baseline = Baseline(opt.qual_baseline)
+                self.baselines[spec] = Baseline(path)
             except ValueError as e:
                 raise pytest.UsageError(f"--qual-baseline: {e}") from None
-        specs = opt.qual_target or [None]
-        if len(specs) > 1:
-            raise pytest.UsageError("--qual-target: give one target per run")
-        self.target_spec = specs[0]
-        if self.target_spec is not None:
-            given = Path(self.target_spec)
-            if not given.exists() and not given.parent.is_dir():
-                raise pytest.UsageError(f"--qual-target {self.target_spec}: no such file, "
-                                        f"directory or device, and {given.parent} is not a "
-                                        "directory to create it in")
+            theirs = self.baselines[spec].data.get("profile", {}).get("name")
+            if theirs != self.profile.name and not opt.qual_baseline_any:
+                raise pytest.UsageError(f"--qual-baseline {path}: it is a run of profile "
+                                        f"{theirs}, not {self.profile.name} (--qual-baseline-any "
+                                        "to gate against it anyway)")
         if self.controller and getattr(opt, "numprocesses", None):
             if opt.dist == "load":
                 opt.dist = "loadgroup"  # one drive is measured by one worker at a time
@@ -266,32 +304,64 @@ class QualSession:
             # workers re-parse the original command line, which may lack --dist loadgroup;
             # the controller always schedules by group, so the workers must name the groups
             opt.loadgroup = True
+        self.worker = getattr(config, "workerinput", {}).get("workerid")
         self.results_dir = Path(opt.qual_results)
-        self._target: Target | None = None
-        self._target_sent = False
-        self.measurements: list[Measurement] = []
+        self._targets: dict[str, Target] = {}
+        self._sent: set[str] = set()
+        self.measurements: dict[str, list[Measurement]] = {}
         self.tests: dict[str, dict] = {}
-        self.target_reported: dict | None = None
+        self.targets_reported: dict[str, dict] = {}
+        self.records: dict[str, tuple[Path, dict]] = {}
         self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
-    def open_target(self) -> Target:
-        if self._target is None:
+    def open_target(self, spec: str) -> Target:
+        if spec not in self._targets:
             opt = self.config.option
-            self._target = Target(self.target_spec, allow_destructive=opt.qual_allow_destructive,
-                                  confirm_serial=opt.qual_confirm_serial)
-        return self._target
+            t = Target(spec if opt.qual_target else None,  # None: the default, made on demand
+                       allow_destructive=opt.qual_allow_destructive,
+                       confirm_serial=opt.qual_confirm_serial)
+            baseline = self.baselines.get(spec)
+            if baseline and not opt.qual_baseline_any:
+                theirs = drive_model(baseline.data)
+                if theirs != t.identity.model:
+                    raise QualError(errno.EINVAL, f"--qual-baseline {baseline.path} is a run of "
+                                    f"drive model {theirs}, not {t.identity.model} "
+                                    "(--qual-baseline-any to gate against it anyway)",
+                                    target=spec)
+            t.progress = self.progress
+            self._targets[spec] = t
+        return self._targets[spec]
 
-    def target_info(self) -> dict | None:
-        """The target's identity, sent to the controller once per process."""
-        if self._target is None or self._target_sent:
+    def spec_of(self, item) -> str:
+        """The drive a test runs on: its `target` parameter, else the only target."""
+        callspec = getattr(item, "callspec", None)
+        return callspec.params["target"] if callspec and "target" in callspec.params \
+            else self.target_specs[0]
+
+    def target_info(self, spec: str) -> dict | None:
+        """A target's identity, sent to the controller once per process and drive."""
+        t = self._targets.get(spec)
+        if t is None or spec in self._sent:
             return None
-        self._target_sent = True
-        t = self._target
+        self._sent.add(spec)
         return {"spec": t.spec, "kind": t.kind, "path": str(t.path),
                 "identity": t.identity.as_dict()}
 
-    def drive_label(self) -> str:
-        return self._target.identity.label() if self._target else (self.target_spec or DEFAULT_TARGET)
+    def drive_label(self, spec: str) -> str:
+        t = self._targets.get(spec)
+        label = t.identity.label() if t else spec
+        return f"{label} at {spec}" if len(self.target_specs) > 1 else label
+
+    def progress(self, message: str) -> None:
+        if self.config.option.verbose < 0:
+            return
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            if self.worker is None and tr is not None:
+                tr.write_line(f"  {message}")
+            else:  # a worker's stderr is the controller's: whole lines stay readable
+                print(f"[{self.worker}] {message}", file=sys.__stderr__, flush=True)
 
     # ---- hooks (registered as a plugin object)
 
@@ -299,7 +369,7 @@ class QualSession:
         # marked as each item is collected, so the mark is there before any
         # pytest_collection_modifyitems (xdist's turns it into the group name)
         if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.target_spec or DEFAULT_TARGET}"))
+            item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.spec_of(item)}"))
 
     def pytest_runtest_logreport(self, report):
         if not self.controller:
@@ -307,11 +377,12 @@ class QualSession:
         props = dict(report.user_properties)
         if not props.get(QUAL_TEST):
             return
-        if TARGET_INFO in props and self.target_reported is None:
-            self.target_reported = props[TARGET_INFO]
+        if TARGET_INFO in props:
+            self.targets_reported.setdefault(props[TARGET_INFO]["spec"], props[TARGET_INFO])
         nodeid = report.nodeid.split(f"@{DRIVE_GROUP}")[0]  # xdist appends the group
         entry = self.tests.setdefault(nodeid, {
-            "nodeid": nodeid, "outcome": "passed", "duration_s": 0.0, "message": None,
+            "nodeid": nodeid, "drive": props.get(DRIVE, self.target_specs[0]),
+            "outcome": "passed", "duration_s": 0.0, "message": None,
             "measurements": [], "verdicts": [], "regressions": []})
         entry["duration_s"] += report.duration
         if PAYLOAD in props and report.when == "call":
@@ -323,9 +394,10 @@ class QualSession:
             entry["outcome"] = "skipped"
             entry["message"] = _short_message(report)
 
-    def build_record(self) -> dict:
-        target = self.target_reported or {"spec": self.target_spec or DEFAULT_TARGET}
-        tests = list(self.tests.values())
+    def build_record(self, spec: str) -> dict:
+        target = self.targets_reported.get(spec) or {"spec": spec}
+        tests = [{k: v for k, v in t.items() if k != "drive"} for t in self.tests.values()
+                 if t["drive"] == spec]
         backends = sorted({m["context"]["backend"] for t in tests for m in t["measurements"]
                            if "backend" in m["context"]})
         record = new_record(target=target, profile=self.profile.as_dict(),
@@ -334,41 +406,57 @@ class QualSession:
         record["started"] = self.started
         record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         record["seed"] = self.config.option.qual_seed
-        record["baseline"] = str(self.baseline.path) if self.baseline else None
+        baseline = self.baselines.get(spec)
+        record["baseline"] = str(baseline.path) if baseline else None
         record["tests"] = tests
         record["summary"] = summarize(tests, self.profile)
         return record
 
+    def record_path(self, spec: str) -> Path:
+        """results/qual-run.json; with several drives, results/<drive>/qual-run.json."""
+        if len(self.target_specs) == 1:
+            return self.results_dir / RECORD_NAME
+        slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in spec.strip("/"))
+        return self.results_dir / (slug or "drive") / RECORD_NAME
+
     def pytest_sessionfinish(self, session):
         if not self.controller or not self.tests:
             return
-        record = self.build_record()
-        self.record_path = self.results_dir / RECORD_NAME
-        write_record(self.record_path, record)
         alluredir = getattr(self.config.option, "allure_report_dir", None)
-        if alluredir:
-            report.write_allure_metadata(Path(alluredir), record)
-        self.record = record
+        for spec in self.target_specs:
+            if not any(t["drive"] == spec for t in self.tests.values()):
+                continue
+            record = self.build_record(spec)
+            path = self.record_path(spec)
+            write_record(path, record)
+            self.records[spec] = (path, record)
+            if alluredir:
+                report.write_summary_result(Path(alluredir), record, self.profile,
+                                            drive=self.drive_label_of(record, spec))
+        if alluredir and self.records:
+            report.write_allure_metadata(Path(alluredir), [r for _, r in self.records.values()])
+
+    def drive_label_of(self, record: dict, spec: str) -> str:
+        ident = record["target"].get("identity")
+        label = report.identity_label(ident) if ident else spec
+        return f"{label} at {spec}" if len(self.target_specs) > 1 else label
 
     def pytest_terminal_summary(self, terminalreporter):
-        record = getattr(self, "record", None)
-        if record is None:
-            return
         tr = terminalreporter
-        tr.section(f"qual: {self.profile.name} on {report.environment(record).get('drive.model', record['target']['spec'])}")
-        rows = report.verdict_rows(record["tests"])
-        for line in report.table_lines(rows) if rows else ["(no criterion was judged)"]:
-            tr.write_line(line)
-        s = record["summary"]
-        tr.write_line(f"{s['measurements']} measurements ({s['informational']} informational), "
-                      f"{s['checks_passed']} checks passed, {s['checks_failed']} failed, "
-                      f"{s['tests_broken']} tests broken")
-        for missing in s["not_judged"]:
-            tr.write_line(f"not judged: {missing}")
-        for caveat in s.get("caveats", ()):
-            tr.write_line(f"CAVEAT: {caveat}", yellow=True)
-        tr.write_line(f"verdict: {s['verdict']}    run record: {self.record_path}",
-                      bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
+        for spec, (path, record) in self.records.items():
+            tr.section(f"qual: {self.profile.name} on {self.drive_label_of(record, spec)}")
+            for line in report.summary_lines(record):
+                tr.write_line(line)
+            s = record["summary"]
+            tr.write_line(f"{s['measurements']} measurements ({s['informational']} informational), "
+                          f"{s['checks_passed']} checks passed, {s['checks_failed']} failed, "
+                          f"{s['tests_broken']} tests broken")
+            for missing in s["not_judged"]:
+                tr.write_line(f"not judged: {missing}")
+            for caveat in s.get("caveats", ()):
+                tr.write_line(f"CAVEAT: {caveat}", yellow=True)
+            tr.write_line(f"verdict: {s['verdict']}    run record: {path}",
+                          bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
 
 
 def _short_message(report) -> str:

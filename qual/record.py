@@ -15,6 +15,7 @@ from qual import units
 from qual.family import Metric, measurement_id
 
 SCHEMA = "qual-run/1"
+DEFAULT_TOLERANCE = 0.05  # a profile's regression tolerance when it names none
 RECORD_NAME = "qual-run.json"
 BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
              "samples": "samples/s", "ratio": "x", "count": "count"}
@@ -95,32 +96,86 @@ class Regression:
                 "improved": self.improved, "line": self.line()}
 
 
+def change_between(value: float, baseline: float, better: str) -> float | None:
+    """The change from baseline to value as a fraction, positive when better in the metric's
+    direction; None when the baseline is 0 (no ratio to take)."""
+    if baseline == 0:
+        return None
+    change = (value - baseline) / abs(baseline)
+    return -change if better == "lower" else change
+
+
+def read_record(path: str | Path) -> dict:
+    """A run record from disk; ValueError saying what is wrong with it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read a qual run record: {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise ValueError(f"{path}: not a qual run record (schema {schema!r})")
+    return data
+
+
+def comparable_measurements(record: dict) -> dict[str, dict]:
+    """The measurements of a record that may be gated against, by id."""
+    return {m["id"]: m for t in record.get("tests", []) for m in t["measurements"]
+            if m.get("comparable", True)}
+
+
+def drive_model(record: dict) -> str | None:
+    return (record.get("target", {}).get("identity") or {}).get("model")
+
+
+def mismatches(old: dict, *, model: str | None, profile: str) -> list[str]:
+    """Why a baseline record is not the same drive model and profile as a new run."""
+    out = []
+    old_model, old_profile = drive_model(old), old.get("profile", {}).get("name")
+    if old_model != model:
+        out.append(f"drive model {old_model or 'unknown'!s} (baseline) is not {model or 'unknown'!s}")
+    if old_profile != profile:
+        out.append(f"profile {old_profile} (baseline) is not {profile}")
+    return out
+
+
 class Baseline:
     """A previous run record to gate against (firmware CI)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: cannot read a baseline run record: {e}") from None
-        if data.get("schema") != SCHEMA:
-            raise ValueError(f"{path}: not a qual run record (schema {data.get('schema')!r})")
-        self.data = data
-        self.values = {m["id"]: m for t in data.get("tests", []) for m in t["measurements"]
-                       if m.get("comparable", True)}
-        ident = data.get("target", {}).get("identity", {})
-        fw = ident.get("firmware")
+        self.data = read_record(path)
+        self.values = comparable_measurements(self.data)
+        fw = (self.data.get("target", {}).get("identity") or {}).get("firmware")
         self.label = f"{self.path.name}" + (f" fw {fw}" if fw else "")
 
     def compare(self, m: Measurement, tolerance: float) -> Regression | None:
         old = self.values.get(m.id)
-        if old is None or not m.comparable or old["value"] == 0:
+        if old is None or not m.comparable:
             return None
-        change = (m.value - old["value"]) / abs(old["value"])
-        if m.better == "lower":
-            change = -change
+        change = change_between(m.value, old["value"], m.better)
+        if change is None:
+            return None
         return Regression(m.id, m.value, old["value"], change, tolerance, m.dimension, self.label)
+
+
+def compare_records(old: dict, new: dict, *, old_label: str, default_tolerance: float | None = None
+                    ) -> tuple[list[Regression], list[str], list[str]]:
+    """Every comparable measurement of `new` against `old`: the regressions (passed or not),
+    the ids only the baseline has, and the ids only the new run has. Tolerances are the new
+    run's profile's, per criterion, else its default (or `default_tolerance` when given)."""
+    before, after = comparable_measurements(old), comparable_measurements(new)
+    prof = new.get("profile", {})
+    default = default_tolerance if default_tolerance is not None else \
+        prof.get("tolerance", DEFAULT_TOLERANCE)
+    per_criterion = prof.get("tolerances", {})
+    rows = []
+    for mid, m in after.items():
+        o = before.get(mid)
+        change = change_between(m["value"], o["value"], m["better"]) if o else None
+        if change is not None:
+            rows.append(Regression(mid, m["value"], o["value"], change,
+                                   per_criterion.get(mid, default), m["dimension"], old_label))
+    return rows, sorted(set(before) - set(after)), sorted(set(after) - set(before))
 
 
 # ------------------------------------------------------------------ the run record

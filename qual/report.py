@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import html
 import io
 import json
 import math
+import time
+import types
+import uuid
 from pathlib import Path
 
 from qual import units
@@ -53,19 +59,46 @@ def environment(record: dict) -> dict[str, str]:
     return {k: str(v) for k, v in env.items() if v not in (None, "")}
 
 
-def write_allure_metadata(alluredir: Path, record: dict) -> None:
-    """environment.properties, executor.json and categories.json (written once, by the
-    controller: the files are per run, not per worker)."""
-    alluredir.mkdir(parents=True, exist_ok=True)
-    lines = [f"{k}={_escape(v)}" for k, v in environment(record).items()]
-    (alluredir / "environment.properties").write_text("\n".join(lines) + "\n")
+def identity_label(ident: dict) -> str:
+    """"model (serial S, fw F)" from a record's identity."""
+    from qual.target import Identity
+
+    known = {f.name for f in dataclasses.fields(Identity)}
+    return Identity(**{k: v for k, v in ident.items() if k in known}).label()
+
+
+def drive_name(record: dict) -> str:
+    """"model firmware" of a record's drive, else its target."""
     ident = record["target"].get("identity") or {}
-    drive = " ".join(filter(None, [ident.get("model"), ident.get("firmware")])) or record["target"]["spec"]
+    return " ".join(filter(None, [ident.get("model"), ident.get("firmware")])) or \
+        record["target"]["spec"]
+
+
+def report_name(records: list[dict]) -> str:
+    drives = sorted({drive_name(r) for r in records})
+    profiles = sorted({r["profile"]["name"] for r in records})
+    shown = drives[0] if len(drives) == 1 else f"{len(drives)} drives ({', '.join(drives)})"
+    return f"Qualification: {shown} / {', '.join(profiles)}"
+
+
+def write_allure_metadata(alluredir: Path, records: list[dict]) -> None:
+    """environment.properties, executor.json and categories.json (written once, by the
+    controller: the files are per run, not per worker). With several drives each drive's
+    entries carry its number (drive1.model, ...)."""
+    alluredir.mkdir(parents=True, exist_ok=True)
+    env: dict[str, str] = {}
+    for i, record in enumerate(records, 1):
+        for k, v in environment(record).items():
+            key = f"drive{i}.{k}" if len(records) > 1 and (k.startswith(("drive", "target"))) else k
+            env[key] = v
+    lines = [f"{k}={_escape(v)}" for k, v in env.items()]
+    (alluredir / "environment.properties").write_text("\n".join(lines) + "\n")
+    record = records[0]
     executor = {
         "name": "qual",
         "type": "qual",
         "buildName": f"qual {record.get('qual_version')} on {record['host'].get('hostname')}",
-        "reportName": f"Qualification: {drive} / {record['profile']['name']}",
+        "reportName": report_name(records),
     }
     (alluredir / "executor.json").write_text(json.dumps(executor, indent=2))
     (alluredir / "categories.json").write_text(json.dumps(CATEGORIES, indent=2))
@@ -79,29 +112,222 @@ def _escape(value: str) -> str:
 # ------------------------------------------------------------------ terminal summary
 
 
-def verdict_rows(tests: list[dict]) -> list[tuple[str, ...]]:
-    """(metric, parameters, measured, bound, margin, verdict) for every judged measurement."""
+VERDICT_HEADER = ("metric", "parameters", "measured", "bound", "margin", "verdict")
+COMPARISON_HEADER = ("metric", "parameters", "baseline", "new", "change", "tolerance", "verdict")
+
+
+def comparison_rows(regressions) -> list[tuple[str, ...]]:
+    """(metric, parameters, baseline, new, change, tolerance, verdict) per compared metric,
+    regressions first, then improvements beyond tolerance, then the rest."""
+    order = sorted(regressions, key=lambda r: (r.passed, not r.improved, r.id))
     rows = []
-    for t in tests:
-        for v in t.get("verdicts", []):
-            metric, _, params = v["id"].partition("[")
-            rows.append((metric, params.rstrip("]"), units.format_quantity(v["value"], v["unit"]),
-                         f"{v['bound']} {units.format_quantity(v['limit'], v['unit'])}",
-                         f"{v['margin'] * 100:+.1f} %" if math.isfinite(v["margin"]) else "n/a",
-                         "PASS" if v["passed"] else "FAIL"))
-        for r in t.get("regressions", []):
-            metric, _, params = r["id"].partition("[")
-            rows.append((metric, params.rstrip("]"), "", "baseline", f"{r['change'] * 100:+.1f} %",
-                         "REGRESSED" if not r["passed"] else ("IMPROVED" if r["improved"] else "PASS")))
+    for r in order:
+        metric, _, params = r.id.partition("[")
+        rows.append((metric, params.rstrip("]"),
+                     units.format_quantity(r.baseline, dimension=r.dimension),
+                     units.format_quantity(r.value, dimension=r.dimension),
+                     f"{r.change * 100:+.1f} %", f"{r.tolerance * 100:g} %",
+                     "REGRESSED" if not r.passed else ("IMPROVED" if r.improved else "same")))
     return rows
 
 
-def table_lines(rows: list[tuple[str, ...]]) -> list[str]:
-    header = ("metric", "parameters", "measured", "bound", "margin", "verdict")
+def run_label(record: dict) -> str:
+    """drive model, serial, firmware, profile and start time of a run record."""
+    ident = record.get("target", {}).get("identity") or {}
+    drive = ", ".join(f"{k} {ident[k]}" for k in ("model", "serial", "firmware") if ident.get(k))
+    return (f"{drive or record.get('target', {}).get('spec', 'unknown drive')}; profile "
+            f"{record.get('profile', {}).get('name')}; {record.get('started')}")
+
+
+def table_lines(rows: list[tuple[str, ...]], header: tuple[str, ...] = VERDICT_HEADER) -> list[str]:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + \
            [fmt.format(*r) for r in rows]
+
+
+# ------------------------------------------------------------------ the HTML report (Allure 3)
+
+ALLURE_MISSING = ("the HTML report needs the Allure 3 command line, the npm package `allure`: "
+                  "install Node.js (Debian: apt-get install nodejs npm), then "
+                  "`npm install -g allure@3.14` (later versions' quality gate needs Node.js 22)")
+
+
+def allure_command() -> list[str] | None:
+    """The Allure 3 CLI: `allure` on PATH when it is version 3 (Allure 2's Java CLI has the
+    same name), else the npm package through npx without downloading; None when neither."""
+    import shutil
+    import subprocess
+
+    candidates = []
+    if shutil.which("allure"):
+        candidates.append(["allure"])
+    if shutil.which("npx"):
+        candidates.append(["npx", "--no-install", "allure"])
+    for cmd in candidates:
+        try:
+            out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and out.stdout.strip().startswith("3."):
+            return cmd
+    return None
+
+
+def find_results(folder: Path) -> tuple[list[Path], list[dict]]:
+    """Allure results folders and run records under a qual results folder (a single run, a
+    multi-drive run with one folder per drive, or an allure-results folder itself)."""
+    from qual.record import RECORD_NAME, read_record
+
+    folder = Path(folder)
+    if any(folder.glob("*-result.json")):  # an allure-results folder: its record is beside it
+        allure_dirs, places = [folder], [folder.parent]
+    else:
+        allure_dirs = sorted({p.parent for p in folder.glob("**/*-result.json")})
+        places = [folder, *folder.iterdir()] if folder.is_dir() else []
+    records = []
+    for path in sorted({p / RECORD_NAME for p in places if (p / RECORD_NAME).is_file()}):
+        try:
+            records.append(read_record(path))
+        except ValueError:
+            continue
+    return allure_dirs, records
+
+
+# ------------------------------------------------------------------ the qualification summary
+
+SUMMARY_HEADER = ("criterion", "measured", "bound", "margin", "verdict", "source")
+SUMMARY_STATUS = {"PASS": "passed", "FAIL": "failed", "ERROR": "broken", "INCOMPLETE": "broken"}
+
+
+def summary_rows(record: dict) -> dict[str, list[tuple[str, ...]]]:
+    """Per workload family, (criterion, measured, bound, margin, verdict, source) for every
+    verdict and baseline comparison of the run, then every criterion nobody judged."""
+    tables: dict[str, list[tuple[str, ...]]] = {}
+    for t in record["tests"]:
+        family = {m["id"]: m["family"] for m in t.get("measurements", [])}
+        for v in t.get("verdicts", []):
+            margin = f"{v['margin'] * 100:+.1f} %" if math.isfinite(v["margin"]) else "n/a"
+            tables.setdefault(family.get(v["id"], "other"), []).append((
+                v["id"], units.format_quantity(v["value"], v["unit"]),
+                f"{v['bound']} {units.format_quantity(v['limit'], v['unit'])}", margin,
+                "PASS" if v["passed"] else "FAIL",
+                f"{Path(str(v.get('origin', ''))).name.split(':')[0]}: {v['source']}"))
+        for r in t.get("regressions", []):
+            tables.setdefault(family.get(r["id"], "other"), []).append((
+                r["id"], units.format_quantity(r["value"], dimension=_dimension(t, r["id"])),
+                "baseline " + units.format_quantity(r["baseline"], dimension=_dimension(t, r["id"])),
+                f"{r['change'] * 100:+.1f} %",
+                "REGRESSED" if not r["passed"] else ("IMPROVED" if r["improved"] else "PASS"),
+                f"tolerance {r['tolerance'] * 100:g} %"))
+    for missing in record["summary"].get("not_judged", []):
+        tables.setdefault("not judged", []).append((missing, "", "", "", "NOT JUDGED", ""))
+    return tables
+
+
+def _dimension(test: dict, mid: str) -> str | None:
+    return next((m["dimension"] for m in test["measurements"] if m["id"] == mid), None)
+
+
+def summary_lines(record: dict, source_width: int = 70) -> list[str]:
+    """The summary for the terminal: one table per workload family."""
+    tables = summary_rows(record)
+    if not tables:
+        return ["(no criterion was judged)"]
+    lines = []
+    for family, rows in tables.items():
+        clipped = [(*r[:5], r[5] if len(r[5]) <= source_width else r[5][:source_width - 1] + "…")
+                   for r in rows]
+        lines += [f"[{family}]", *table_lines(clipped, header=SUMMARY_HEADER)]
+    return lines
+
+
+def summary_body(record: dict) -> str:
+    """The qualification summary: the drive's identity, the run's verdict, and one table
+    per workload family with every criterion, measured value, bound, margin, verdict, source."""
+    esc = html.escape
+    ident = record["target"].get("identity") or {}
+    facts = [("drive", drive_name(record)), ("serial", ident.get("serial")),
+             ("firmware", ident.get("firmware")),
+             ("link", " x".join(filter(None, [ident.get("link_speed"), ident.get("link_width")]))),
+             ("target", record["target"].get("spec")), ("profile", record["profile"]["name"]),
+             ("host", record["host"].get("hostname")), ("started", record.get("started")),
+             ("baseline", record.get("baseline"))]
+    s = record["summary"]
+    parts = [
+        f"<h1 id='qual-summary'>Qualification summary: {esc(drive_name(record))} "
+        f"<span class='v v{esc(s['verdict'])}'>{esc(s['verdict'])}</span></h1>",
+        "<table class='identity'>",
+        *(f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in facts if v),
+        "</table>",
+        f"<p>{s['checks_passed']} checks passed, {s['checks_failed']} failed, "
+        f"{s['tests_broken']} tests broken, {s['measurements']} measurements "
+        f"({s['informational']} informational).</p>",
+    ]
+    parts += [f"<p class='caveat'>CAVEAT: {esc(c)}</p>" for c in s.get("caveats", ())]
+    for family, rows in summary_rows(record).items():
+        parts.append(f"<h2>{esc(family)}</h2><table class='summary'><tr>"
+                     + "".join(f"<th>{esc(h)}</th>" for h in SUMMARY_HEADER) + "</tr>")
+        for r in rows:
+            cls = r[4].split()[0]
+            parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r[:4])
+                         + f"<td class='{esc(cls)}'>{esc(r[4])}</td><td>{esc(r[5])}</td></tr>")
+        parts.append("</table>")
+    return "\n".join(parts)
+
+
+def summary_html(record: dict) -> str:
+    """The summary as a page of its own (the Allure attachment)."""
+    return "\n".join([
+        "<!doctype html><html><head><meta charset='utf-8'><title>qual summary</title><style>",
+        "body{font:14px sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+        "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#eee}"
+        ".PASS,.IMPROVED{color:#1a7f37}.FAIL,.REGRESSED,.NOT{color:#cf222e;font-weight:bold}"
+        "h1 .v{padding:0 .4em;border-radius:4px;color:#fff}.vPASS{background:#1a7f37}"
+        ".vFAIL,.vERROR,.vINCOMPLETE{background:#cf222e}",
+        "</style></head><body>", summary_body(record), "</body></html>"])
+
+
+def write_summary_result(alluredir: Path, record: dict, profile, *, drive: str) -> Path:
+    """An Allure result of its own, "Qualification summary on <drive>", whose status is the
+    run's verdict and whose attachment is the summary page: the first thing a reader opens."""
+    alluredir.mkdir(parents=True, exist_ok=True)
+    s = record["summary"]
+    uid = str(uuid.uuid4())
+    attachment = f"{uid}-attachment.html"
+    (alluredir / attachment).write_text(summary_html(record))
+    failing = [row[0] for rows in summary_rows(record).values() for row in rows
+               if row[4] in ("FAIL", "REGRESSED", "NOT JUDGED")]
+    message = f"verdict {s['verdict']}" + (f": {', '.join(failing[:5])}" if failing else "")
+    # one history line per drive model, target and profile: trends across firmware versions
+    key = f"qual-summary:{(record['target'].get('identity') or {}).get('model')}:" \
+          f"{record['target'].get('spec')}:{profile.name}"
+    now = int(time.time() * 1000)
+    result = {
+        "uuid": uid, "historyId": hashlib.md5(key.encode()).hexdigest(),
+        "testCaseId": hashlib.md5(b"qual-summary").hexdigest(),
+        "fullName": "qual.summary", "name": f"Qualification summary on {drive}",
+        "status": SUMMARY_STATUS[s["verdict"]], "stage": "finished",
+        "statusDetails": {"message": message}, "start": now, "stop": now,
+        "descriptionHtml": summary_body(record),
+        "labels": [{"name": "epic", "value": "qualification summary"},
+                   # below the default gate: the gate judges the criteria's own tests
+                   {"name": "severity", "value": "minor"},
+                   {"name": "suite", "value": "qualification summary"},
+                   {"name": "framework", "value": "qual"}],
+        "parameters": [{"name": "drive", "value": drive}, {"name": "profile", "value": profile.name}],
+        "attachments": [{"name": "qualification summary", "source": attachment,
+                         "type": "text/html"}],
+    }
+    compared = [r for t in record["tests"] for r in t.get("regressions", [])]
+    if compared:  # gated against a baseline: before/after, metric by metric
+        chart = f"{uuid.uuid4()}-attachment.png"
+        (alluredir / chart).write_bytes(baseline_chart(compared, f"against {record['baseline']}"))
+        result["attachments"].append({"name": "against the baseline", "source": chart,
+                                      "type": "image/png"})
+    path = alluredir / f"{uid}-result.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
 
 
 # ------------------------------------------------------------------ charts
@@ -221,6 +447,25 @@ def gnn_stage_chart(result: dict) -> bytes:
     return _png(fig)
 
 
+def gnn_cache_chart(result: dict) -> bytes:
+    """Where GIDS's feature requests were served from (CPU buffer, page cache, SSD), and its
+    page reads; the hit rate in the title."""
+    plt = _figure()
+    c = result["loaders"]["gids"]["cache"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.6, 3.6))
+    served = {"CPU buffer": c["cpu_hits"], "page cache": c["hits"], "SSD (miss)": c["misses"]}
+    ax.bar(list(served), list(served.values()), color=["tab:green", "tab:blue", "tab:red"])
+    ax.set_ylabel("feature requests (count)")
+    ax.set_title(f"served from; hit rate {c['hit_rate'] * 100:.0f} %")
+    bx.bar(["SSD page reads"], [c["reads"]], color="tab:red")
+    bx.set_ylabel("reads (count)")
+    bx.set_title(f"{c['read_bytes'] / 2**20:.0f} MiB read from the SSD")
+    for a in (ax, bx):
+        a.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"IGBH {result['dataset']['size']}: GIDS cache over the measured steps")
+    return _png(fig)
+
+
 def training_sweep_chart(result: dict, what: str) -> bytes:
     """Training ingestion against the accelerator count, one line per epochs value: AU (with
     the floor and the no-storage ceiling) when what is "au", else MiB/s read."""
@@ -248,4 +493,27 @@ def training_sweep_chart(result: dict, what: str) -> bytes:
                  f"mean {result['dataset']['mean_file_bytes'] / 2**20:.3g} MiB")
     ax.legend()
     ax.grid(True, alpha=0.3)
+    return _png(fig)
+
+
+def baseline_chart(regressions, title: str) -> bytes:
+    """Before/after per compared metric: the new value as a percentage of the baseline's,
+    with the tolerance band; red beyond it on the worse side, green beyond it on the better."""
+    plt = _figure()
+    rows = sorted((types.SimpleNamespace(**r) if isinstance(r, dict) else r for r in regressions),
+                  key=lambda r: r.id)
+    fig, ax = plt.subplots(figsize=(7.2, max(2.4, 0.32 * len(rows) + 1.2)))
+    ys = range(len(rows))
+    ratio = [100 * (1 + r.change) for r in rows]  # "better" direction is always to the right
+    colours = ["tab:red" if not r.passed else "tab:green" if r.improved else "tab:grey"
+               for r in rows]
+    ax.barh(list(ys), [v - 100 for v in ratio], left=100, color=colours)
+    for y, r in zip(ys, rows):
+        ax.plot([100 * (1 - r.tolerance), 100 * (1 + r.tolerance)], [y, y], "k|", markersize=9)
+    ax.axvline(100, color="k", linewidth=0.8)
+    ax.set_yticks(list(ys), [r.id for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("new run, % of baseline (right is better; bars at the tolerance)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
     return _png(fig)

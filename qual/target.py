@@ -253,7 +253,7 @@ def device_stat(dev: int) -> DeviceStat | None:
 
 
 def guard_refusals(devnode: str, identity: Identity, *, allow_destructive: bool,
-                   confirm_serial: str | None) -> list[Refusal]:
+                   confirm_serial: str | list[str] | None) -> list[Refusal]:
     """Every rule of DESIGN §4 that forbids writing to block device `devnode` (empty: allowed)."""
     refusals: list[Refusal] = []
     if not allow_destructive:
@@ -289,14 +289,17 @@ def guard_refusals(devnode: str, identity: Identity, *, allow_destructive: bool,
         refusals.append(Refusal("signature", f"{devnode} carries {signature}; if its data is "
                                              "expendable, erase it first (wipefs -a)"))
     serial = identity.serial
+    # a rig qualifies several drives in one run: each must be among the serials confirmed
+    confirmed = [confirm_serial] if isinstance(confirm_serial, str) else list(confirm_serial or ())
     if not serial:
         refusals.append(Refusal("serial", f"{devnode} reports no serial to confirm"))
-    elif confirm_serial is None:
+    elif not confirmed:
         refusals.append(Refusal("serial", f"confirm the drive with --qual-confirm-serial "
                                           f"(it reports {serial!r})"))
-    elif confirm_serial.strip() != serial.strip():
+    elif serial.strip() not in {c.strip() for c in confirmed}:
+        shown = " or ".join(repr(c) for c in confirmed)
         refusals.append(Refusal("serial", f"{devnode} reports serial {serial!r}, not the "
-                                          f"confirmed {confirm_serial!r}"))
+                                          f"confirmed {shown}"))
     return refusals
 
 
@@ -393,10 +396,11 @@ class Target:
     """A file, a directory (scratch file inside) or a block device under qualification."""
 
     def __init__(self, spec: str | os.PathLike | None = None, *, allow_destructive: bool = False,
-                 confirm_serial: str | None = None):
+                 confirm_serial: str | list[str] | None = None):
         self.spec = str(spec) if spec is not None else DEFAULT_TARGET
         self.allow_destructive = allow_destructive
         self.confirm_serial = confirm_serial
+        self.progress = None  # where long preparations (the fill) say how far they are
         given = Path(self.spec)
         self._default = spec is None  # .qual/ is made when the scratch file is first needed
         if given.exists() and given.is_dir():
@@ -509,9 +513,15 @@ class Target:
         align = self.align
         start = written // FILL_BLOCK * FILL_BLOCK
         end = -(-size // FILL_BLOCK) * FILL_BLOCK
+        def filled(done: int, _ops: int, seconds: float) -> None:
+            if self.progress:
+                self.progress(f"filling {self.path}: {format_size(start + done)} of "
+                              f"{format_size(end)} ({done / max(seconds, 1e-9) / 2**20:.0f} MiB/s)")
+
         engine.run_job(IoJob(target=str(self.path), op="write", pattern="sequential",
                              block_size=FILL_BLOCK, queue_depth=FILL_DEPTH, offset=start,
-                             size=end - start, bytes=end - start, seed=FILL_SEED, align=align))
+                             size=end - start, bytes=end - start, seed=FILL_SEED, align=align),
+                       progress=filled, interval=5.0)
         write_marker(self.path, end)
 
     def _check_foreign_file(self, size: int) -> None:

@@ -22,11 +22,12 @@ except ModuleNotFoundError:  # Python 3.10
 from qual import shipped, units
 from qual.workloads import FAMILIES
 from qual.family import Family, Field, measurement_id
+from qual.record import DEFAULT_TOLERANCE
 
-PROFILE_KEYS = ("name", "description", "extends", "tolerance")
+PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate")
 CRITERION_KEYS = ("metric", "params", "min", "max", "unit", "source", "severity", "tolerance")
 SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
-DEFAULT_TOLERANCE = 0.05
+DEFAULT_GATE = "normal"  # a failed blocker, critical or normal criterion fails the gate
 
 
 class ProfileError(Exception):
@@ -151,6 +152,11 @@ class Profile:
     digest: str
     tables: dict  # family name -> parsed table
     criteria: tuple[Criterion, ...]
+    gate: str = DEFAULT_GATE  # the least severity whose failed criterion fails the gate
+
+    @property
+    def gated_severities(self) -> tuple[str, ...]:
+        return SEVERITIES[:SEVERITIES.index(self.gate) + 1]
 
     def table(self, family: str) -> dict | None:
         return self.tables.get(family)
@@ -161,7 +167,9 @@ class Profile:
     def as_dict(self) -> dict:
         return {"name": self.name, "path": str(self.path), "digest": self.digest,
                 "description": self.description, "tolerance": self.tolerance,
-                "files": [str(f) for f in self.files]}
+                "gate": self.gate, "files": [str(f) for f in self.files],
+                "tolerances": {c.id: c.tolerance for c in self.criteria
+                               if c.tolerance is not None}}
 
 
 def load_profile(spec: str | Path) -> Profile:
@@ -205,7 +213,7 @@ def load_profile(spec: str | Path) -> Profile:
     return Profile(name=info.get("name", path.stem), path=path, description=info["description"],
                    tolerance=info.get("tolerance", DEFAULT_TOLERANCE),
                    files=tuple(d["path"] for d in chain), digest=digest, tables=tables,
-                   criteria=tuple(criteria.values()))
+                   criteria=tuple(criteria.values()), gate=info.get("gate", DEFAULT_GATE))
 
 
 def family_table(family: str, given: dict, *, label: str = "flags") -> dict:
@@ -301,6 +309,11 @@ def _parse_profile_table(value, label, problems) -> dict:
             problems.append((label, where, _unknown(key, PROFILE_KEYS)))
         elif key == "tolerance":
             out[key] = _ratio(v, label, where, problems)
+        elif key == "gate":
+            if v not in SEVERITIES:
+                problems.append((label, where, f"{v!r} is not a severity ({', '.join(SEVERITIES)})"))
+            else:
+                out[key] = v
         elif not isinstance(v, str) or not v.strip():
             problems.append((label, where, "must be a non-empty string"))
         else:

@@ -12,11 +12,12 @@ pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive]
 
 
 @pytest.fixture(scope="module")
-def outcome(table, target, request):
+def outcome(table, target, request, progress):
     if target.directory is None:
         pytest.skip("checkpoints need a filesystem: qualify a directory on the drive")
     try:
-        yield checkpoint.run(target, table, seed=request.config.option.qual_seed)
+        yield checkpoint.run(target, table, seed=request.config.option.qual_seed,
+                             progress=progress)
     finally:
         if not request.config.option.qual_keep_scratch:
             checkpoint.remove(target)

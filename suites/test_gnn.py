@@ -13,9 +13,9 @@ pytestmark = [pytest.mark.gnn]
 
 
 @pytest.fixture(scope="module")
-def outcome(table, target, request):
+def outcome(table, target, request, progress):
     try:
-        yield gnn.run(target, table, seed=request.config.option.qual_seed)
+        yield gnn.run(target, table, seed=request.config.option.qual_seed, progress=progress)
     finally:
         if not request.config.option.qual_keep_scratch:
             gnn.remove(target)
@@ -44,6 +44,8 @@ def test_cache(outcome, target, record):
     if "gids" not in outcome["loaders"]:
         pytest.skip("the profile does not run the GIDS loader")
     record.add(_pick(outcome, target, "gnn_hit_rate", "gnn_ssd_bw", "gnn_effective_bw"))
+    if outcome["loaders"]["gids"].get("cache"):
+        record.attach("GIDS cache", report.gnn_cache_chart(outcome))
 
 
 @pytest.mark.gpu

@@ -13,11 +13,11 @@ pytestmark = [pytest.mark.training]
 
 
 @pytest.fixture(scope="module")
-def outcome(table, target, request):
+def outcome(table, target, request, progress):
     if target.directory is None:
         pytest.skip("sample files need a filesystem: qualify a directory on the drive")
     try:
-        yield training.run(target, table)
+        yield training.run(target, table, progress=progress)
     finally:
         if not request.config.option.qual_keep_scratch:
             training.remove(target)

@@ -70,3 +70,70 @@ def run_suite(tmp_path: Path, *args: str, profile: Path | str = TINY_PROFILE,
 
 def load_record(results: Path) -> dict:
     return json.loads((results / "qual-run.json").read_text())
+
+
+class Chromium:
+    """A headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-
+    pipe: commands on its fd 3, answers on its fd 4, each a JSON message ending in NUL)."""
+
+    def __init__(self, binary: str, width: int = 1400, height: int = 1000):
+        cmd_r, self._cmd_w = os.pipe()
+        self._res_r, res_w = os.pipe()
+
+        def wire():  # runs in the child before it closes the fds it does not keep
+            os.dup2(cmd_r, 3)
+            os.dup2(res_w, 4)
+
+        self.proc = subprocess.Popen(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             f"--window-size={width},{height}", "about:blank"],
+            pass_fds=(3, 4), preexec_fn=wire, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        os.close(cmd_r)
+        os.close(res_w)
+        self._next, self._buf = 0, b""
+
+    def call(self, method: str, session: str | None = None, **params) -> dict:
+        self._next += 1
+        msg = {"id": self._next, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buf:
+                chunk = os.read(self._res_r, 1 << 16)
+                if not chunk:
+                    raise RuntimeError("chromium closed its DevTools pipe")
+                self._buf += chunk
+            raw, _, self._buf = self._buf.partition(b"\0")
+            answer = json.loads(raw)
+            if answer.get("id") == self._next:
+                if "error" in answer:
+                    raise RuntimeError(f"{method}: {answer['error']}")
+                return answer.get("result", {})
+
+    def open(self, url: str) -> str:
+        """A new page at url; returns its session."""
+        target = self.call("Target.createTarget", url=url)["targetId"]
+        return self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def evaluate(self, session: str, expression: str):
+        out = self.call("Runtime.evaluate", session, expression=expression, returnByValue=True)
+        return out.get("result", {}).get("value")
+
+    def screenshot(self, session: str) -> bytes:
+        import base64
+
+        return base64.b64decode(self.call("Page.captureScreenshot", session, format="png")["data"])
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close")
+        except (RuntimeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        os.close(self._cmd_w)
+        os.close(self._res_r)

@@ -99,8 +99,12 @@ class Rank:
         return device_stat(os.makedev(major, minor))
 
     def say(self, text: str) -> None:
-        if self.rank == 0:
-            print(f"[checkpoint] {text}", file=sys.stderr, flush=True)
+        if self.rank != 0:
+            return
+        print(f"[checkpoint] {text}", file=sys.stderr, flush=True)
+        if self.job.get("progress"):  # the launcher shows these lines as they come
+            with open(self.job["progress"], "a") as f:
+                f.write(text + "\n")
 
     # ---- the phases
 

@@ -1,0 +1,340 @@
+"""Reports and gating: the qualification summary (terminal and Allure), `qual compare` on run
+records with planted changes, the Allure 3 HTML report opened in a headless Chromium, several
+drives in one xdist run, and progress lines."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from testbed import TINY_ALL, TINY_PROFILE, Chromium, load_record, needs_root, run_suite
+
+from qual import report
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "qual-results" / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One bandwidth run with the tests' profile: its results folder and record."""
+    tmp = tmp_path_factory.mktemp("tiny-run")
+    proc, results = run_suite(tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return proc, results, load_record(results)
+
+
+def qual(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qual.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def planted(record: dict, metric: str, factor: float, path: Path) -> Path:
+    """A copy of a record with every `metric` measurement multiplied by factor."""
+    doc = json.loads(json.dumps(record))
+    hits = 0
+    for t in doc["tests"]:
+        for m in t["measurements"]:
+            if m["metric"] == metric:
+                m["value"] *= factor
+                hits += 1
+    assert hits, f"the record has no {metric}"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def summary_result(results: Path) -> dict:
+    """The run's "Qualification summary" Allure result."""
+    (doc,) = [d for d in (json.loads(p.read_text()) for p in
+                          (results / "allure-results").glob("*-result.json"))
+              if d["fullName"] == "qual.summary"]
+    return doc
+
+
+# ------------------------------------------------------------------ the summary
+
+
+def test_terminal_summary_is_a_table_per_family_with_sources(tiny_run):
+    proc, _, record = tiny_run
+    out = proc.stdout
+    assert "[bandwidth]" in out
+    for v in (v for t in record["tests"] for v in t["verdicts"]):
+        line = next(x for x in out.splitlines() if x.startswith(v["id"] + " "))
+        assert "PASS" in line and "tiny.toml: " in line
+
+
+def test_allure_summary_result_carries_the_summary_page(tiny_run):
+    _, results, record = tiny_run
+    alluredir = results / "allure-results"
+    s = summary_result(results)
+    assert s["status"] == "passed" and s["name"].startswith("Qualification summary on ")
+    page = (alluredir / s["attachments"][0]["source"]).read_text()
+    assert "id='qual-summary'" in page
+    for v in (v for t in record["tests"] for v in t["verdicts"]):
+        assert v["id"] in page and v["source"] in page
+    env = (alluredir / "environment.properties").read_text()
+    assert "profile=tiny" in env
+
+
+def test_a_failed_run_has_a_failed_summary(tmp_path):
+    profile = tmp_path / "strict.toml"
+    profile.write_text(f'''[profile]
+extends = "{TINY_PROFILE}"
+description = "tests: a bound no disk meets"
+
+[[bandwidth.criteria]]
+metric = "seq_read_bw"
+params = {{ bs = "64K", qd = 4 }}
+min = 1000
+unit = "TiB/s"
+source = "tests: impossible"
+''')
+    proc, results = run_suite(tmp_path, "-k", "seq_read", profile=profile)
+    assert proc.returncode == 1
+    summary = summary_result(results)
+    assert summary["status"] == "failed" and "seq_read_bw[bs=64K,qd=4]" in \
+        summary["statusDetails"]["message"]
+    if report.allure_command() is None:
+        pytest.skip("no Allure 3 CLI to gate the report (npm install -g allure@3.14)")
+    gated = qual("report", str(results), "--out", str(tmp_path / "report"))
+    assert gated.returncode == 1 and "FAILED" in gated.stdout  # a normal criterion failed
+    assert "maxFailures" in gated.stdout
+    lenient = qual("report", str(results), "--out", str(tmp_path / "report"), "--gate", "critical")
+    assert lenient.returncode == 0 and "passed" in lenient.stdout  # not a critical one
+
+
+# ------------------------------------------------------------------ qual compare
+
+
+def test_compare_fails_a_planted_regression_and_names_it(tiny_run, tmp_path):
+    _, results, record = tiny_run
+    old = results / "qual-run.json"
+    new = planted(record, "seq_read_bw", 0.90, tmp_path / "new.json")
+    proc = qual("compare", str(old), str(new), "--tolerance", "5%", "--chart",
+                str(tmp_path / "cmp.png"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    regressed = [x for x in proc.stdout.splitlines() if x.startswith("REGRESSED:")]
+    assert regressed and all("seq_read_bw" in x for x in regressed)
+    assert "10.0 % worse than baseline" in regressed[0]
+    assert f"cp {new} {old}" in proc.stdout  # how to make this the baseline
+    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_of_identical_records_passes(tiny_run):
+    _, results, _ = tiny_run
+    old = results / "qual-run.json"
+    proc = qual("compare", str(old), str(old), "--tolerance", "5%")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " 0 regressed, 0 improved" in proc.stdout
+
+
+def test_compare_flags_an_improvement_beyond_tolerance(tiny_run, tmp_path):
+    _, results, record = tiny_run
+    new = planted(record, "seq_read_bw", 1.10, tmp_path / "new.json")
+    proc = qual("compare", str(results / "qual-run.json"), str(new), "--tolerance", "5%")
+    assert proc.returncode == 3 and "IMPROVED: seq_read_bw" in proc.stdout
+    accepted = qual("compare", str(results / "qual-run.json"), str(new), "--tolerance", "5%",
+                    "--accept-improvements")
+    assert accepted.returncode == 0
+
+
+def test_compare_refuses_another_drive_or_profile(tiny_run, tmp_path):
+    _, results, record = tiny_run
+    other = json.loads(json.dumps(record))
+    other["target"].setdefault("identity", {})["model"] = "OTHER DRIVE 9000"
+    other["profile"]["name"] = "gen5-tlc"
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    proc = qual("compare", str(results / "qual-run.json"), str(path))
+    assert proc.returncode == 2
+    assert "OTHER DRIVE 9000" in proc.stderr and "profile" in proc.stderr
+    forced = qual("compare", str(results / "qual-run.json"), str(path), "--allow-other-drive",
+                  "--allow-other-profile")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+
+
+def test_compare_refuses_what_is_not_a_run_record(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something-else"}')
+    proc = qual("compare", str(bad), str(bad))
+    assert proc.returncode == 2 and "not a qual run record" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_baseline_of_another_profile_is_refused_before_any_io(tiny_run, tmp_path):
+    _, results, record = tiny_run
+    other = json.loads(json.dumps(record))
+    other["profile"]["name"] = "gen5-tlc"
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    proc, _ = run_suite(tmp_path, f"--qual-baseline={path}")
+    assert proc.returncode == 4 and "profile gen5-tlc" in proc.stderr
+    assert not (tmp_path / ".qual").exists()
+
+
+def test_the_run_gates_against_its_baseline_and_charts_it(tiny_run, tmp_path):
+    _, results, record = tiny_run
+    better = planted(record, "seq_read_bw", 100.0, tmp_path / "better.json")
+    proc, new = run_suite(tmp_path, f"--qual-baseline={better}", "-k", "seq_read")
+    assert proc.returncode == 1 and "worse than baseline" in proc.stdout
+    summary = summary_result(new)
+    assert [a["name"] for a in summary["attachments"]] == ["qualification summary",
+                                                            "against the baseline"]
+
+
+# ------------------------------------------------------------------ the HTML report
+
+
+needs_allure = pytest.mark.skipif(report.allure_command() is None,
+                                  reason="no Allure 3 CLI (npm install -g allure@3.14)")
+
+
+@needs_allure
+def test_report_builds_and_a_browser_shows_the_summary(tiny_run, tmp_path):
+    _, results, _ = tiny_run
+    out = tmp_path / "report"
+    proc = qual("report", str(results), "--out", str(out),
+                "--history", str(tmp_path / "history.jsonl"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "quality gate (no failed test of severity normal or above): passed" in proc.stdout
+    index = _index_of(proc, out)
+    assert (tmp_path / "history.jsonl").read_text().strip()  # this run, in the trend history
+    single = qual("report", str(results), "--out", str(tmp_path / "mail"), "--single-file")
+    assert single.returncode == 0, single.stdout + single.stderr
+    assert not list(_index_of(single, tmp_path / "mail").parent.glob("*.js"))  # all inline
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium to open the report (Debian: apt-get install chromium)")
+    summary = summary_result(results)
+    page = f"index.html#{hashlib.md5(summary['uuid'].encode()).hexdigest()}"  # Allure's id
+    shown = ""
+    with _serve(index.parent) as base:
+        chrome = Chromium(browser)
+        try:
+            session = chrome.open(f"{base}/{page}")
+            deadline = time.monotonic() + 60
+            while "seq_read_bw[bs=64K,qd=4]" not in shown and time.monotonic() < deadline:
+                time.sleep(0.5)
+                shown = chrome.evaluate(session, DESCRIPTION_TEXT) or ""
+            time.sleep(0.5)  # let the frame take its height before the picture
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            (ARTIFACTS / "report-summary.png").write_bytes(chrome.screenshot(session))
+        finally:
+            chrome.close()
+    assert "Qualification summary: " in shown and "seq_read_bw[bs=64K,qd=4]" in shown, shown
+    assert "tiny.toml: tests: any working disk" in shown  # the source of the bound
+
+
+# the summary test's description, which Allure shows in a frame of the test's page
+DESCRIPTION_TEXT = """(() => {
+  const f = document.querySelector('iframe[data-testid="test-result-description-frame"]');
+  return f && f.contentDocument && f.contentDocument.body ? f.contentDocument.body.innerText : "";
+})()"""
+
+
+def _index_of(proc, out: Path) -> Path:
+    index = Path(next(x for x in proc.stdout.splitlines() if x.startswith("report: "))
+                 .split()[1])
+    assert index.is_relative_to(out) and index.stat().st_size > 1000
+    return index
+
+
+@contextlib.contextmanager
+def _serve(folder: Path):
+    """The report over HTTP on the loopback (its frames need an origin, which file:// lacks)."""
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_report_without_results_says_so(tmp_path):
+    proc = qual("report", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "holds no Allure results" in proc.stderr
+
+
+def test_report_never_overwrites_a_folder_it_did_not_make(tiny_run, tmp_path):
+    _, results, _ = tiny_run
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("keep")
+    proc = qual("report", str(results), "--out", str(theirs))
+    assert proc.returncode == 2 and "did not make" in proc.stderr
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
+
+
+# ------------------------------------------------------------------ several drives
+
+
+@needs_root
+def test_two_loop_devices_in_one_xdist_run_give_two_records(tmp_path, loop_device):
+    mounts = [loop_device.mount(loop_device(256 << 20, name=f"drive{i}.img")) for i in range(2)]
+    proc, results = run_suite(tmp_path, "-n", "2", *(f"--qual-target={m}" for m in mounts))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    records = sorted(results.glob("*/qual-run.json"))
+    assert len(records) == 2
+    docs = [json.loads(p.read_text()) for p in records]
+    assert sorted(d["target"]["spec"] for d in docs) == sorted(map(str, mounts))
+    for d in docs:
+        assert d["summary"]["verdict"] == "PASS" and d["tests"]
+        assert all(m["context"]["target"].startswith(d["target"]["spec"])
+                   for t in d["tests"] for m in t["measurements"])
+    # every Allure result names its drive; one drive's tests all ran in one worker
+    workers: dict[str, set] = {}
+    for p in (results / "allure-results").glob("*-result.json"):
+        doc = json.loads(p.read_text())
+        if doc["fullName"] == "qual.summary":
+            continue
+        drive = next(x["value"] for x in doc["parameters"] if x["name"] == "drive").strip("'")
+        assert any(str(m) in drive for m in mounts) and drive in doc["name"]
+        thread = next(x["value"] for x in doc["labels"] if x["name"] == "thread")
+        workers.setdefault(drive, set()).add(thread.split("-")[0])
+    assert len(workers) == 2 and all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_several_baselines_must_match_the_targets(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    proc, _ = run_suite(tmp_path, f"--qual-target={a}", f"--qual-target={b}",
+                        f"--qual-baseline={tmp_path / 'x.json'}")
+    assert proc.returncode == 4 and "one per --qual-target" in proc.stderr
+
+
+# ------------------------------------------------------------------ progress
+
+
+def test_long_workloads_show_progress_unless_quiet(tmp_path):
+    (tmp_path / "loud").mkdir()
+    (tmp_path / "quiet").mkdir()
+    loud, _ = run_suite(tmp_path / "loud", suite="test_training_io.py", profile=TINY_ALL)
+    assert "accelerator(s), epoch 2/2" in loud.stdout, loud.stdout[-2000:]
+    quiet, _ = run_suite(tmp_path / "quiet", "-q", suite="test_training_io.py", profile=TINY_ALL)
+    assert "epoch 2/2" not in quiet.stdout + quiet.stderr
+    assert quiet.returncode == 0
+
+
+def test_progress_under_xdist_names_the_worker(tmp_path):
+    proc, _ = run_suite(tmp_path, "-n", "2", suite="test_training_io.py", profile=TINY_ALL)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "[gw" in proc.stderr and "epoch 2/2" in proc.stderr
