@@ -358,22 +358,43 @@ def marker_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.qual.json")
 
 
+FS_IOC_GETVERSION = 0x80087601  # _IOR('v', 1, long): the inode's generation number
+
+
+def _generation(path: Path) -> int | None:
+    """The inode's generation (ext4, xfs, btrfs): a new file that reuses a deleted one's inode
+    number gets a new one. None where the filesystem has none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETVERSION, bytes(8)))[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_marker(path: Path) -> dict | None:
-    """The marker of a file qual created, or None (no marker, or it belongs to another file)."""
+    """The marker of a file qual created, or None (no marker, or it belongs to another file:
+    another inode, or the same inode number given to a new file)."""
     try:
         marker = json.loads(marker_path(path).read_text())
         st = path.stat()
     except (OSError, ValueError):
         return None
     if marker.get("created_by") != "qual" or marker.get("inode") != st.st_ino \
-            or marker.get("dev") != st.st_dev:
+            or marker.get("dev") != st.st_dev \
+            or marker.get("generation") != _generation(path):
         return None
     return marker
 
 
 def write_marker(path: Path, written: int) -> None:
     st = path.stat()
-    marker = {"created_by": "qual", "inode": st.st_ino, "dev": st.st_dev, "written": written,
+    marker = {"created_by": "qual", "inode": st.st_ino, "dev": st.st_dev,
+              "generation": _generation(path), "written": written,
               "fill_seed": FILL_SEED, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     tmp = marker_path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(marker))
@@ -569,6 +590,11 @@ class Target:
         else:
             self.ensure_data(end)
 
+    @property
+    def lock_file(self) -> Path:
+        """Beside a file target: held (flock) by the run that qualifies it."""
+        return self.path.with_name(f".{self.path.name}.qual.lock")
+
     def lock(self) -> None:
         """Hold the target for this process: a second qual run on it is refused at once, since
         two runs on one drive would measure each other."""
@@ -577,7 +603,7 @@ class Target:
                 self._lock_path = None
                 fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             else:
-                self._lock_path = self.path.with_name(f".{self.path.name}.qual.lock")
+                self._lock_path = self.lock_file
                 if self._default:
                     self._lock_path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -601,8 +627,23 @@ class Target:
         self._lock_fd = None
 
     def cleanup(self) -> None:
-        """Remove the scratch file, only if qual created it (it carries qual's marker)."""
-        if self.kind == "block" or read_marker(self.path) is None:
+        """Remove the scratch file, only if qual created it (it carries qual's marker), and
+        the lock file a killed run left behind (one no process holds)."""
+        if self.kind == "block":
             return
-        self.path.unlink()
-        marker_path(self.path).unlink(missing_ok=True)
+        if read_marker(self.path) is not None:
+            self.path.unlink()
+            marker_path(self.path).unlink(missing_ok=True)
+        lock = self.lock_file
+        if lock.exists() and getattr(self, "_lock_path", None) != lock:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock.unlink()  # nobody holds it: a leftover
+            except BlockingIOError:
+                pass  # a live run holds it
+            finally:
+                os.close(fd)

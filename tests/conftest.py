@@ -25,8 +25,8 @@ def pattern_file(tmp_path):
 
 
 def _unmount(point: str, wait_s: float = 10.0) -> None:
-    """umount, waiting out "target is busy" while the kernel finishes closing io_uring rings
-    (their teardown runs after close() returns and holds the files they used until it ends)."""
+    """umount, waiting out a short "target is busy": the kernel releases some files a moment
+    after the last close (the engine's rings unregister theirs first; this is the net)."""
     deadline = time.monotonic() + wait_s
     while subprocess.run(["umount", point], capture_output=True).returncode and \
             os.path.ismount(point) and time.monotonic() < deadline:
@@ -47,7 +47,9 @@ def loop_device(tmp_path):
         return dev
 
     def mount(dev: str, *, mkfs: tuple = (), options: str = "defaults") -> Path:
-        sh("mkfs.ext4", "-q", "-F", *mkfs, dev)
+        # initialised in full now: ext4's lazy init would write to the device after mounting,
+        # and the tests compare the device's bytes before and after qual touches it
+        sh("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", *mkfs, dev)
         point = tmp_path / f"mnt-{Path(dev).name}"
         point.mkdir()
         sh("mount", "-o", options, dev, str(point))

@@ -212,7 +212,7 @@ def test_cancel_stops_every_reader(tmp_path):
 @needs_root
 def test_device_counters_match_the_bytes_read(tmp_path, loop_device):
     dev = loop_device(256 << 20)
-    mnt = loop_device.mount(dev, mkfs=("-E", "lazy_itable_init=0,lazy_journal_init=0"))
+    mnt = loop_device.mount(dev)
     t = table(files=32, record_scale=0.01, computation_time="1 ms", calibrate=False)
     result = training.run(Target(mnt), t)
     (r,) = result["runs"]

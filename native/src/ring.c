@@ -151,6 +151,11 @@ void ring_close(struct ring *r)
         munmap(r->cq_map, r->cq_map_len);
     if (r->sq_map)
         munmap(r->sq_map, r->sq_map_len);
+    /* The kernel tears a closed ring down later, holding its registered files until then: an
+     * exclusive reopen (O_EXCL) or an unmount right after would find the file busy.
+     * Unregistering waits until the ring no longer uses them. */
+    if (r->fd >= 0 && r->fixed_file)
+        sys_register(r->fd, IORING_UNREGISTER_FILES, NULL, 0);
     if (r->fd >= 0)
         close(r->fd);
     free(r->bufs);
