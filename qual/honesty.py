@@ -35,6 +35,14 @@ def link_ceiling(identity: Identity) -> float | None:
     return gts * 1e9 * efficiency / 8 * int(identity.link_width)
 
 
+def check_link(bw: float, identity: Identity, target: str, what: str) -> None:
+    """Raise ImplausibleMeasurement when `what` at bw bytes/s is more than the link carries."""
+    ceiling = link_ceiling(identity)
+    if ceiling and bw > ceiling * LINK_SLACK:
+        raise _implausible(f"{what} at {bw / 1e9:.3g} GB/s exceeds what the link can carry "
+                           f"({ceiling / 1e9:.3g} GB/s)", target)
+
+
 def check_io(result: IoResult, device: dict | None, identity: Identity) -> dict:
     """Raise ImplausibleMeasurement for a result that cannot be the device's; else return what
     was checked (recorded next to the measurement)."""

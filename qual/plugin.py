@@ -26,7 +26,7 @@ from qual.honesty import ImplausibleMeasurement
 from qual.record import (RECORD_NAME, Baseline, Measurement, drive_model, new_record, summarize,
                          write_record)
 from qual.target import DEFAULT_TARGET, Target
-from qual.workloads import FAMILIES
+from qual.workloads import FAMILIES, health
 
 SESSION_KEY = pytest.StashKey["QualSession"]()
 RECORDER_KEY = pytest.StashKey["Recorder"]()
@@ -105,6 +105,24 @@ def target(request):
     if not request.config.option.qual_keep_scratch:
         t.cleanup()
     t.unlock()
+
+
+@pytest.fixture(scope="module")
+def drive_health(request, target):
+    """The drive's SMART health log when the suite starts; its test_drive_health, run last,
+    reads it again and records what changed."""
+    families = [m.name for m in request.node.iter_markers() if m.name in FAMILIES]
+    return HealthWatch(health.Watch(target, families[0] if families else request.module.__name__))
+
+
+class HealthWatch:
+    def __init__(self, watch: health.Watch):
+        self.watch = watch
+
+    def measurements(self) -> list[Measurement]:
+        if self.watch.reason:
+            pytest.skip(f"no SMART health log: {self.watch.reason}")
+        return self.watch.measurements()
 
 
 @pytest.fixture(scope="session")
@@ -200,17 +218,10 @@ class Recorder:
                    "regressions": [r.as_dict() for r in regressions]}
         self.item.user_properties.append((PAYLOAD, payload))
 
-        families = [m.name for m in self.item.iter_markers() if m.name in FAMILIES]
-        if families:
-            allure.dynamic.epic(families[0])
         for metric in sorted({m.metric for m in self.measurements}):
             allure.dynamic.story(metric)
         order = thresholds.SEVERITIES
         allure.dynamic.severity(min(severities, key=order.index) if severities else "minor")
-        drive = self.session.drive_label(self.spec)
-        allure.dynamic.title(f"{self.item.name} on {drive}")
-        allure.dynamic.parameter("drive", drive)
-        allure.dynamic.parameter("profile", profile.name)
         self.attach("measurements.json", json.dumps(payload, indent=1, default=str), "json")
 
         for line in [v.line() for v in verdicts] + [r.line() for r in regressions]:
@@ -226,11 +237,25 @@ class Recorder:
                         pytrace=False)
 
 
+def _label(rec: Recorder) -> None:
+    """The workload family, the drive and the profile on the Allure result, before the test's
+    body runs (so a test that skips carries them too)."""
+    families = [m.name for m in rec.item.iter_markers() if m.name in FAMILIES]
+    if families:
+        allure.dynamic.epic(families[0])
+    drive = rec.session.drive_label(rec.spec)
+    allure.dynamic.title(f"{rec.item.name} on {drive}")
+    allure.dynamic.parameter("drive", drive)
+    allure.dynamic.parameter("profile", rec.session.profile.name)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     __tracebackhide__ = True
-    result = yield
     rec = item.stash.get(RECORDER_KEY, None)
+    if rec is not None:
+        _label(rec)
+    result = yield
     if rec is not None:
         rec.finish()
     return result

@@ -18,7 +18,7 @@ SCHEMA = "qual-run/1"
 DEFAULT_TOLERANCE = 0.05  # a profile's regression tolerance when it names none
 RECORD_NAME = "qual-run.json"
 BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
-             "samples": "samples/s", "ratio": "x", "count": "count"}
+             "samples": "samples/s", "temperature": "C", "ratio": "x", "count": "count"}
 
 
 @dataclass

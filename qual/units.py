@@ -2,8 +2,8 @@
 
 Sizes follow fio's convention: a bare K/M/G/T suffix and KiB/MiB/GiB/TiB are binary (1024);
 KB/MB/GB/TB are decimal (1000), as drive vendors print them. Values are held in base units:
-bytes, bytes per second, seconds, operations per second, samples per second, and plain
-ratios (70 % = 0.70).
+bytes, bytes per second, seconds, operations per second, samples per second, degrees (a
+temperature difference), and plain ratios (70 % = 0.70).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class UnitError(ValueError):
 @dataclass(frozen=True)
 class Unit:
     name: str
-    dimension: str  # size | bandwidth | time | rate | samples | ratio | count
+    dimension: str  # size | bandwidth | time | rate | samples | temperature | ratio | count
     factor: float  # base units per one of this unit
 
 
@@ -49,8 +49,9 @@ UNITS["%"] = Unit("%", "ratio", 0.01)
 UNITS["x"] = Unit("x", "ratio", 1.0)
 UNITS["count"] = Unit("count", "count", 1.0)
 UNITS["samples/s"] = Unit("samples/s", "samples", 1.0)  # training samples consumed
+UNITS["C"] = Unit("C", "temperature", 1.0)  # a temperature difference (kelvin = degrees C)
 
-DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "ratio", "count")
+DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "temperature", "ratio", "count")
 
 _QUANTITY = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ%/]*)\s*$")
 
@@ -141,6 +142,7 @@ _AUTO = {
     "time": ("ns", "us", "ms", "s"),
     "rate": ("IOPS", "kIOPS", "MIOPS"),
     "samples": ("samples/s",),
+    "temperature": ("C",),
 }
 
 

@@ -8,7 +8,7 @@ import pytest
 from qual import report
 from qual.workloads import bandwidth
 
-pytestmark = [pytest.mark.bandwidth]
+pytestmark = [pytest.mark.bandwidth, pytest.mark.usefixtures("drive_health")]
 
 
 def pytest_generate_tests(metafunc):
@@ -24,9 +24,10 @@ def pytest_generate_tests(metafunc):
 
 
 @allure.feature("bandwidth matrix")
-def test_cell(cell, table, target, record):
-    """One cell of the matrix: bandwidth and IOPS for a pattern, block size and depth."""
-    record.add(bandwidth.run_cell(target, table, cell, seed=record.seed))
+def test_cell(cell, table, target, record, progress):
+    """One cell of the matrix: bandwidth and IOPS for a pattern, block size and depth (a write
+    cell in rounds until steady state where the profile asks for it)."""
+    record.add(bandwidth.run_cell(target, table, cell, seed=record.seed, say=progress))
 
 
 @allure.feature("latency QoS")
@@ -48,3 +49,10 @@ def test_charts(session_measurements, record):
     if not any(m["metric"].endswith("_bw") for m in cells):
         pytest.skip("no bandwidth cell ran in this process")
     record.attach("bandwidth heatmap", report.bandwidth_heatmaps(cells, "bandwidth matrix (GiB/s)"))
+
+
+@allure.feature("drive health")
+def test_drive_health(drive_health, record):
+    """The SMART health log before and after this suite: critical warning, media errors,
+    error-log entries, temperature and spare headroom, bytes the drive counted as written."""
+    record.add(drive_health.measurements())

@@ -8,7 +8,8 @@ import pytest
 from qual import report
 from qual.workloads import checkpoint
 
-pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive]
+pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive,
+              pytest.mark.usefixtures("drive_health")]
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +45,10 @@ def test_torch_baseline(outcome, table, target, record):
     if not table["baseline"]:
         pytest.skip("the profile has no torch baseline")
     record.add(checkpoint.baseline_measurements(outcome, str(target.path)))
+
+
+@allure.feature("drive health")
+def test_drive_health(drive_health, record):
+    """The SMART health log before and after this suite: critical warning, media errors,
+    error-log entries, temperature and spare headroom, bytes the drive counted as written."""
+    record.add(drive_health.measurements())

@@ -9,7 +9,7 @@ import pytest
 from qual import report
 from qual.workloads import gnn
 
-pytestmark = [pytest.mark.gnn]
+pytestmark = [pytest.mark.gnn, pytest.mark.usefixtures("drive_health")]
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +75,10 @@ def test_gids_features_reach_the_accelerator(table, target):
         assert np.array_equal(got.view(np.uint32), store.memmap()[rows].view(np.uint32))
     finally:
         loader.close()
+
+
+@allure.feature("drive health")
+def test_drive_health(drive_health, record):
+    """The SMART health log before and after this suite: critical warning, media errors,
+    error-log entries, temperature and spare headroom, bytes the drive counted as written."""
+    record.add(drive_health.measurements())

@@ -9,7 +9,7 @@ import pytest
 from qual import report
 from qual.workloads import training
 
-pytestmark = [pytest.mark.training]
+pytestmark = [pytest.mark.training, pytest.mark.usefixtures("drive_health")]
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +52,10 @@ def test_accelerators_per_drive(outcome, target, record):
 def test_dataset_size(outcome, target, record):
     """Files against MLPerf Storage's minimum (500 steps of every accelerator, 5x host RAM)."""
     record.add(_pick(outcome, target, "train_dataset_share"))
+
+
+@allure.feature("drive health")
+def test_drive_health(drive_health, record):
+    """The SMART health log before and after this suite: critical warning, media errors,
+    error-log entries, temperature and spare headroom, bytes the drive counted as written."""
+    record.add(drive_health.measurements())

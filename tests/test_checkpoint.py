@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qual import engine
-from qual.engine import DataMismatch, NoSpace, QualError
+from qual.engine import DataMismatch, Fault, NoSpace, QualError
 from qual.target import Target
 from qual.thresholds import family_table
 from qual.workloads import checkpoint
@@ -364,3 +364,27 @@ def test_subset_of_a_layout_on_this_host(tmp_path):
     assert result["world"] == 2 and result["restore"]["intact"]
     assert result["checkpoints"][0]["bytes"] == sum(result["rank_bytes"])
     assert result["checkpoints"][0]["device"] is None  # other ranks' bytes are not here
+
+
+@pytest.mark.parametrize("fault, error", [
+    (Fault(op="write", error=errno.EIO, offset_lo=1 << 20), "DeviceIoError"),
+    (Fault(op="write", short_bytes=4096, offset_lo=1 << 20), "DeviceIoError"),
+    (Fault(op="write", error=errno.ENOSPC, offset_lo=1 << 20), "NoSpace"),
+])
+def test_a_failing_write_leaves_the_last_good_checkpoint_restorable(tmp_path, fault, error):
+    """An injected EIO, short write or ENOSPC in the next checkpoint: the error names the file,
+    the operation and the offset, no partial directory survives, and restore still finds the
+    previous checkpoint intact."""
+    target = Target(tmp_path)
+    checkpoint.run(target, tiny())
+    store = CheckpointStore(tmp_path)
+    (good,) = store.complete()
+    with pytest.raises(QualError) as e:
+        checkpoint.run(target, tiny(), faults=(fault,))
+    assert type(e.value).__name__ == error
+    assert e.value.op == "write" and e.value.target.endswith(".bin") and "offset 1048576" in \
+        str(e.value)
+    assert store.complete() == [good]
+    assert not [p for p in store.root.iterdir() if p.name.endswith(".partial")]
+    result = checkpoint.run(target, tiny(restore=True), passes=0)
+    assert result["restore"]["intact"] and result["restore"]["path"] == str(good)

@@ -16,7 +16,7 @@ from qual import engine
 from qual.engine import (DataMismatch, DeviceIoError, Fault, InvalidJob,
                          IoJob, NoSpace, QualError, TargetUnavailable, run_job)
 
-from testbed import IS_ROOT
+from testbed import IS_ROOT, flip_byte
 
 BACKENDS = ["io_uring", "psync"]
 MiB = 1 << 20
@@ -55,13 +55,7 @@ def test_reads_return_what_python_wrote(pattern_file, backend, pattern):
 def test_one_corrupted_byte_is_found_and_named(pattern_file, backend):
     path = pattern_file(4 * MiB, seed=9)
     bad = 3 * MiB + 777
-    with open(path, "r+b") as f:
-        f.seek(bad)
-        byte = f.read(1)
-        f.seek(bad)
-        f.write(bytes([byte[0] ^ 0x40]))
-        f.flush()
-        os.fsync(f.fileno())
+    flip_byte(path, bad)
     with pytest.raises(DataMismatch) as e:
         run_job(job(path, backend=backend, verify=True, seed=9, bytes=4 * MiB, queue_depth=4))
     err = e.value

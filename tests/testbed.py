@@ -34,6 +34,17 @@ def write_pattern_file(path: Path, size: int, seed: int) -> None:
         os.fsync(f.fileno())
 
 
+def flip_byte(path: str | Path, offset: int, mask: int = 0x40) -> None:
+    """Corrupt one byte of a file in place, durably (a drive returning one wrong byte)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ mask]))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def sha256_of(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -290,6 +290,63 @@ int qual_reader_backend(const struct qual_reader *r, int *backend);
  * and ops_done (one per file) grow as files complete. */
 int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *ctl,
                      uint64_t *bytes);
+/* ---------------------------------------------------------------- data integrity (verify.c) */
+/* Verification blocks: every block of block_size bytes starts with a header
+ *   magic "QVB1" (u32), CRC32C of the whole block with this field zero (u32),
+ *   the block's own byte offset (u64), the run's seed (u64), a sequence number (u64)
+ * and is filled after it with bytes drawn from (seed, offset, sequence). A write pass lays the
+ * blocks of [offset, offset + size) down with sequence `seq`, in sequential or random order
+ * (every block once), and makes them durable; a read pass reads them back and classifies each:
+ * good, corrupted (its bytes fail their CRC, or no header), foreign (another run's seed),
+ * misdirected (a good block that names another offset), or stale (this block from an older
+ * sequence: a lost write). The first max_report bad blocks are described in `bad`. */
+enum qual_verdict_kind {
+    QUAL_BLOCK_CORRUPTED = 1,
+    QUAL_BLOCK_FOREIGN = 2,
+    QUAL_BLOCK_MISDIRECTED = 3,
+    QUAL_BLOCK_STALE = 4,
+};
+
+struct qual_verify_opts {
+    int op;                   /* QUAL_OP_WRITE lays blocks down, QUAL_OP_READ checks them */
+    int backend;              /* enum qual_backend */
+    int direct;               /* 1: O_DIRECT */
+    int exclusive;            /* 1: O_EXCL (block devices) */
+    int random;               /* 1: blocks in a seeded random order, else ascending */
+    uint32_t align;
+    uint32_t block_size;      /* a multiple of align and of 512, at least 512 */
+    uint32_t queue_depth;
+    uint64_t offset;          /* a multiple of block_size */
+    uint64_t size;            /* a multiple of block_size */
+    uint64_t seed;
+    uint64_t seq;             /* written with, or expected */
+    struct qual_fault *faults;
+    uint32_t nfaults;
+};
+
+struct qual_bad_block {
+    uint64_t offset;          /* where it was read */
+    int kind;                 /* enum qual_verdict_kind */
+    uint64_t found_offset;    /* what its header says (corrupted: 0) */
+    uint64_t found_seed;
+    uint64_t found_seq;
+};
+
+struct qual_verify_result {
+    int backend;
+    uint64_t blocks;          /* written or checked */
+    uint64_t bytes;
+    uint64_t elapsed_ns;      /* write: the fdatasync included */
+    uint64_t corrupted, foreign, misdirected, stale;
+    uint32_t reported;        /* entries filled in bad */
+};
+
+int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct qual_ctl *ctl,
+                    struct qual_verify_result *res, struct qual_bad_block *bad,
+                    uint32_t max_report);
+/* Fill one verification block (tests use it to plant stale and misdirected blocks). */
+int qual_verify_fill(void *buf, uint32_t block_size, uint64_t offset, uint64_t seed, uint64_t seq);
+
 /* ---------------------------------------------------------------- targets (target.c) */
 
 /* O_DIRECT alignment for path: memory and offset/length, from statx(STATX_DIOALIGN) when the

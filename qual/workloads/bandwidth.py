@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qual import engine, honesty
+from qual import engine, honesty, steady
 from qual.engine import BACKENDS, IoResult, Progress
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -51,6 +51,13 @@ FIELDS = (
     Field("backend", "choice", default="auto", choices=BACKENDS),
     Field("submit_batch", "count", default=1, minimum=0, maximum=engine.MAX_QUEUE_DEPTH,
           help="I/Os per io_uring submission (0: all ready; 1: each at once, as fio does)"),
+    Field("steady_state", "table", fields=(
+        Field("max_rounds", "count", default=25, minimum=5, maximum=1000,
+              help="rounds before steady state is reported as not achieved (SNIA PTS: 25)"),
+        Field("precondition_passes", "count", default=2, minimum=0, maximum=16,
+              help="sequential 128 KiB writes over the region before the first write cell "
+                   "(SNIA PTS WIPC: 2x capacity)"),
+    ), help="write cells run in rounds until the last five settle (SNIA PTS)"),
     Field("latency", "table", fields=(
         Field("block_size", "size", default="4K"),
         Field("depth", "count", default=1, maximum=engine.MAX_QUEUE_DEPTH),
@@ -137,17 +144,60 @@ def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int,
     return result, context
 
 
+PRECONDITION_BS = 128 << 10  # SNIA PTS workload-independent preconditioning
+_preconditioned: set[tuple[str, int]] = set()  # (target, region) done in this process
+
+
+def precondition(target: Target, table: dict, passes: int, progress=None) -> None:
+    """SNIA PTS WIPC: `passes` x the region in 128 KiB sequential writes, once per process."""
+    key = (target.spec, table["size"])
+    if passes == 0 or key in _preconditioned:
+        return
+    size = table["size"] // PRECONDITION_BS * PRECONDITION_BS
+    job = target.job(op="write", pattern="sequential", block_size=PRECONDITION_BS,
+                     queue_depth=32, size=size, bytes=passes * size, backend=table["backend"])
+    target.prepare(job)
+    if progress:
+        progress(f"preconditioning {target.spec}: {passes} x {size >> 20} MiB sequential writes")
+    engine.run_job(job)
+    _preconditioned.add(key)
+
+
 def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
-             progress: Progress | None = None) -> list[Measurement]:
-    """One matrix cell: bandwidth and IOPS, with the latency histogram as raw samples."""
-    result, context = _run(target, table, op=cell.op, layout=cell.layout, bs=cell.bs,
-                           qd=cell.qd, runtime=table["runtime"], seed=seed, progress=progress)
+             progress: Progress | None = None, say=None) -> list[Measurement]:
+    """One matrix cell: bandwidth and IOPS, with the latency histogram as raw samples. With a
+    steady_state table, a write cell runs in rounds until steady (SNIA PTS) and reports the
+    mean of the measurement window."""
+    def one_round():
+        result, context = _run(target, table, op=cell.op, layout=cell.layout, bs=cell.bs,
+                               qd=cell.qd, runtime=table["runtime"], seed=seed,
+                               progress=progress)
+        return result.bandwidth, (result, context)
+
+    ss = table.get("steady_state")
     params = {"bs": cell.bs, "qd": cell.qd}
+    if cell.op != "write" or not ss:
+        _, (result, context) = one_round()
+        bw, iops = result.bandwidth, result.iops
+    else:
+        precondition(target, table, ss["precondition_passes"], say)
+        state, rounds = steady.rounds_until_steady(one_round, ss["max_rounds"])
+        window = rounds[-len(state.window):]
+        result, context = rounds[-1]
+        bw = state.mean
+        iops = sum(r.iops for r, _ in window) / len(window)
+        context = {**context, "steady_state": {
+            "reached": state.reached, "rounds": state.rounds, "window_bw": list(state.window),
+            "range_share": state.range_share, "slope_share": state.slope_share,
+            "round_bw": [r.bandwidth for r, _ in rounds]}}
+        if not state.reached:
+            context["caveats"] = [f"{cell.label}: {state.describe()}"]
+        if say:
+            say(f"{cell.label}: {state.describe()}")
     bins = result.latency.to_bins()
     return [
-        measure(NAME, METRICS[f"{cell.pattern}_bw"], params, result.bandwidth, context=context,
-                samples=bins),
-        measure(NAME, METRICS[f"{cell.pattern}_iops"], params, result.iops, context=context),
+        measure(NAME, METRICS[f"{cell.pattern}_bw"], params, bw, context=context, samples=bins),
+        measure(NAME, METRICS[f"{cell.pattern}_iops"], params, iops, context=context),
     ]
 
 

@@ -4,6 +4,7 @@ Ranks are processes joined by torch.distributed (gloo)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -205,7 +206,7 @@ def _stop(procs) -> None:
 
 
 def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None,
-        per_pass: int | None = None, progress=None) -> dict | None:
+        per_pass: int | None = None, progress=None, faults=()) -> dict | None:
     """The checkpoint workload on a target's folder; returns rank 0's results. Launched by
     torchrun (RANK and WORLD_SIZE set), this process is one rank and only rank 0 returns
     results; otherwise the ranks are started here, one process each."""
@@ -238,6 +239,7 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
            "queue_depth": table["queue_depth"], "align": max(4096, target.align),
            "backend": table["backend"], "direct": True, "pool": table["pool"], "seed": seed,
            "timeout_s": table["timeout"], "result": str(workdir / "result.json"),
+           "faults": [dataclasses.asdict(f) for f in faults],  # tests: every rank's files
            "errors": str(workdir / "errors"),
            # device counters are only the checkpoint's when every rank runs on this host
            "device": (f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"

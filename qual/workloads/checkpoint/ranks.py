@@ -80,7 +80,8 @@ class Rank:
     def io(self) -> dict:
         j = self.job
         return {"chunk_size": j["chunk_size"], "queue_depth": j["queue_depth"],
-                "align": j["align"], "backend": j["backend"], "direct": j["direct"]}
+                "align": j["align"], "backend": j["backend"], "direct": j["direct"],
+                "faults": tuple(engine.Fault(**f) for f in j.get("faults", ()))}
 
     def gather(self, obj):
         out = [None] * self.world if self.rank == 0 else None

@@ -266,11 +266,7 @@ def caveats(result: dict, n: int) -> list[str]:
 def _check_run(r: dict, target: Target) -> dict:
     """Honesty (DESIGN §6): O_DIRECT bytes must reach the device; nothing beats the link."""
     checked = {"path": r["path"], "backend": r["backend"]}
-    ceiling = honesty.link_ceiling(target.identity)
-    if ceiling and r["bw_bytes"] > ceiling * honesty.LINK_SLACK:
-        raise honesty.ImplausibleMeasurement(
-            errno.EBADE, f"{r['bw_bytes'] / 1e9:.3g} GB/s of training reads exceeds what the "
-            f"link can carry ({ceiling / 1e9:.3g} GB/s)", target=target.spec)
+    honesty.check_link(r["bw_bytes"], target.identity, target.spec, "training reads")
     seen = r["device_read_bytes"]
     if seen is None:
         checked["device_truth"] = "unavailable (no block device under the target)"

@@ -1,0 +1,275 @@
+/* verify.c — data integrity: self-describing verification blocks written over a region and read
+ * back, each classified as good, corrupted, foreign, misdirected or stale (fio's verify with
+ * header fields, after its verify_header: magic, CRC, offset, seed, sequence). One ring keeps
+ * queue_depth blocks in flight; psync does one at a time. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define MAGIC 0x31425651u /* "QVB1" little-endian */
+#define HEADER 32u
+
+struct header {
+    uint32_t magic;
+    uint32_t crc;
+    uint64_t offset;
+    uint64_t seed;
+    uint64_t seq;
+};
+
+static uint32_t block_crc(const unsigned char *p, uint32_t len)
+{
+    static const uint32_t zero = 0;
+    uint32_t c = crc32c(0, p, 4);
+    c = crc32c(c, &zero, 4);
+    return crc32c(c, p + 8, len - 8);
+}
+
+int qual_verify_fill(void *buf, uint32_t block_size, uint64_t offset, uint64_t seed, uint64_t seq)
+{
+    if (!buf || block_size < 512 || block_size % 512)
+        return qual_set_error(-EINVAL, "a verification block is a multiple of 512 bytes");
+    unsigned char *p = buf;
+    struct header h = {MAGIC, 0, offset, seed, seq};
+    memcpy(p, &h, HEADER);
+    struct rng r;
+    rng_seed(&r, seed ^ mix64(offset) ^ mix64(~seq));
+    for (uint32_t at = HEADER; at < block_size; at += 8) {
+        uint64_t v = rng_next(&r);
+        memcpy(p + at, &v, 8);
+    }
+    h.crc = block_crc(p, block_size);
+    memcpy(p + 4, &h.crc, 4);
+    return 0;
+}
+
+/* 0 for a good block, else its enum qual_verdict_kind; *h holds what its header says. */
+static int classify(const unsigned char *p, const struct qual_verify_opts *o, uint64_t off,
+                    struct header *h)
+{
+    memcpy(h, p, HEADER);
+    if (h->magic != MAGIC || h->crc != block_crc(p, o->block_size)) {
+        memset(h, 0, sizeof(*h));
+        return QUAL_BLOCK_CORRUPTED;
+    }
+    if (h->seed != o->seed)
+        return QUAL_BLOCK_FOREIGN;
+    if (h->offset != off)
+        return QUAL_BLOCK_MISDIRECTED;
+    if (h->seq != o->seq)
+        return QUAL_BLOCK_STALE;
+    return 0;
+}
+
+/* The i-th block of the pass: ascending, or an affine permutation of the n blocks (a
+ * multiplier coprime with n visits every block exactly once). */
+struct order {
+    uint64_t n, mul, add;
+};
+
+static uint64_t gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static void order_init(struct order *ord, uint64_t n, int random, uint64_t seed)
+{
+    ord->n = n;
+    ord->mul = 1;
+    ord->add = 0;
+    if (!random || n < 2)
+        return;
+    uint64_t m = mix64(seed) % n;
+    while (m < 2 || gcd(m, n) != 1)
+        m = (m + 1) % n;
+    ord->mul = n > 2 ? m : 1;
+    ord->add = mix64(seed ^ 0x5bd1e995u) % n;
+}
+
+static uint64_t order_at(const struct order *ord, uint64_t i)
+{
+    return (uint64_t)(((__uint128_t)i * ord->mul + ord->add) % ord->n);
+}
+
+struct pass {
+    const struct qual_verify_opts *o;
+    const char *path;
+    struct qual_verify_result *res;
+    struct qual_bad_block *bad;
+    uint32_t max_report;
+};
+
+/* Account one completed block: its result (faults applied) and, for a read, its verdict. */
+static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got)
+{
+    const struct qual_verify_opts *o = ps->o;
+    const int op = o->op;
+    uint64_t delay = 0;
+    got = fault_apply(o->faults, o->nfaults, op, off, o->block_size, got, &delay);
+    if (delay)
+        fault_delay(delay);
+    const char *what = op == QUAL_OP_WRITE ? "writing" : "reading";
+    if (got < 0)
+        return qual_set_error((int)got, "%s %u bytes at offset %llu of %s: %s", what,
+                              o->block_size, (unsigned long long)off, ps->path,
+                              strerror((int)-got));
+    if ((uint64_t)got != o->block_size)
+        return qual_set_error(-EIO, "%s %u bytes at offset %llu of %s: short %s (%lld)", what,
+                              o->block_size, (unsigned long long)off, ps->path,
+                              op == QUAL_OP_WRITE ? "write" : "read", (long long)got);
+    struct qual_verify_result *res = ps->res;
+    res->blocks++;
+    res->bytes += o->block_size;
+    if (op == QUAL_OP_READ) {
+        struct header h;
+        int kind = classify(buf, o, off, &h);
+        if (kind) {
+            uint64_t *count[] = {NULL, &res->corrupted, &res->foreign, &res->misdirected,
+                                 &res->stale};
+            (*count[kind])++;
+            if (res->reported < ps->max_report)
+                ps->bad[res->reported++] = (struct qual_bad_block){off, kind, h.offset, h.seed,
+                                                                   h.seq};
+        }
+    }
+    return 0;
+}
+
+static int run_ring(struct pass *ps, int fd, const struct order *ord, struct qual_ctl *ctl)
+{
+    const struct qual_verify_opts *o = ps->o;
+    const unsigned depth = o->queue_depth;
+    struct ring *r = NULL;
+    int rc = ring_open(&r, fd, depth, o->block_size, o->align, 1);
+    uint64_t *slot_off = calloc(depth, sizeof(*slot_off));
+    unsigned *free_slots = calloc(depth, sizeof(*free_slots));
+    if (!rc && (!slot_off || !free_slots))
+        rc = qual_set_error(-ENOMEM, "cannot allocate %u slots", depth);
+    if (rc) {
+        ring_close(r);
+        free(slot_off);
+        free(free_slots);
+        return rc;
+    }
+    unsigned nfree = depth, inflight = 0;
+    for (unsigned i = 0; i < depth; i++)
+        free_slots[i] = i;
+    uint64_t next = 0;
+    int wait_only = 0;
+    for (;;) {
+        while (!rc && next < ord->n && nfree) {
+            uint64_t off = o->offset + order_at(ord, next++) * o->block_size;
+            unsigned slot = free_slots[--nfree];
+            slot_off[slot] = off;
+            if (o->op == QUAL_OP_WRITE)
+                qual_verify_fill(ring_buf(r, slot), o->block_size, off, o->seed, o->seq);
+            ring_queue(r, o->op, slot, off, o->block_size);
+            inflight++;
+        }
+        if (inflight == 0 || (wait_only && inflight == ring_pending(r)))
+            break;
+        int src = wait_only ? ring_wait(r) : ring_submit(r, 1);
+        if (src) {
+            rc = rc ? rc : src;
+            wait_only = 1; /* nothing more goes in; what the kernel holds must come back */
+        }
+        uint64_t ud;
+        int32_t res;
+        while (ring_reap(r, &ud, &res)) {
+            inflight--;
+            free_slots[nfree++] = (unsigned)ud;
+            if (!rc) /* after a failure the rest only drains; the first error is the one */
+                rc = finish(ps, ring_buf(r, (unsigned)ud), slot_off[ud], res);
+        }
+        if (!rc && __atomic_load_n(&ctl->cancel, __ATOMIC_RELAXED))
+            rc = qual_set_error(-ECANCELED, "cancelled");
+        if (rc)
+            next = ord->n;
+        else
+            __atomic_store_n(&ctl->bytes_done, ps->res->bytes, __ATOMIC_RELAXED);
+    }
+    if (!inflight)
+        ring_close(r); /* else the kernel may still use its buffers: leave them be */
+    free(slot_off);
+    free(free_slots);
+    return rc;
+}
+
+static int run_psync(struct pass *ps, int fd, const struct order *ord, struct qual_ctl *ctl)
+{
+    const struct qual_verify_opts *o = ps->o;
+    void *buf = NULL;
+    int rc = -posix_memalign(&buf, o->align < 4096 ? 4096 : o->align, o->block_size);
+    if (rc)
+        return qual_set_error(rc, "cannot allocate a %u-byte buffer", o->block_size);
+    for (uint64_t i = 0; !rc && i < ord->n; i++) {
+        if (__atomic_load_n(&ctl->cancel, __ATOMIC_RELAXED)) {
+            rc = qual_set_error(-ECANCELED, "cancelled");
+            break;
+        }
+        uint64_t off = o->offset + order_at(ord, i) * o->block_size;
+        ssize_t n;
+        if (o->op == QUAL_OP_WRITE)
+            qual_verify_fill(buf, o->block_size, off, o->seed, o->seq);
+        do {
+            n = o->op == QUAL_OP_WRITE ? pwrite(fd, buf, o->block_size, (off_t)off)
+                                       : pread(fd, buf, o->block_size, (off_t)off);
+        } while (n < 0 && errno == EINTR);
+        rc = finish(ps, buf, off, n < 0 ? -errno : n);
+        __atomic_store_n(&ctl->bytes_done, ps->res->bytes, __ATOMIC_RELAXED);
+    }
+    free(buf);
+    return rc;
+}
+
+int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct qual_ctl *ctl,
+                    struct qual_verify_result *res, struct qual_bad_block *bad,
+                    uint32_t max_report)
+{
+    memset(res, 0, sizeof(*res));
+    const uint32_t bs = o->block_size;
+    if (o->op != QUAL_OP_READ && o->op != QUAL_OP_WRITE)
+        return qual_set_error(-EINVAL, "op %d is neither read nor write", o->op);
+    if (o->align == 0 || (o->align & (o->align - 1)))
+        return qual_set_error(-EINVAL, "alignment %u is not a power of two", o->align);
+    if (bs < 512 || bs % 512 || bs % o->align)
+        return qual_set_error(-EINVAL, "block size %u is not a multiple of 512 and of the "
+                              "alignment %u", bs, o->align);
+    if (o->size == 0 || o->size % bs || o->offset % bs)
+        return qual_set_error(-EINVAL, "offset %llu and size %llu must be multiples of the "
+                              "block size %u, size above 0", (unsigned long long)o->offset,
+                              (unsigned long long)o->size, bs);
+    if (o->queue_depth == 0 || o->queue_depth > 4096)
+        return qual_set_error(-EINVAL, "queue depth %u is outside 1..4096", o->queue_depth);
+    int rc = resolve_backend(o->backend, &res->backend);
+    if (rc)
+        return rc;
+    int flags = (o->op == QUAL_OP_WRITE ? O_WRONLY : O_RDONLY) | O_CLOEXEC |
+                (o->direct ? O_DIRECT : 0) | (o->exclusive ? O_EXCL : 0);
+    int fd = open(path, flags);
+    if (fd < 0) {
+        int err = errno;
+        return qual_set_error(-err, "open %s for %s: %s", path,
+                              o->op == QUAL_OP_WRITE ? "writing" : "reading", strerror(err));
+    }
+    struct order ord;
+    order_init(&ord, o->size / bs, o->random, o->seed ^ o->seq);
+    struct pass ps = {o, path, res, bad, bad ? max_report : 0};
+    uint64_t t0 = now_ns();
+    rc = res->backend == QUAL_BACKEND_IO_URING ? run_ring(&ps, fd, &ord, ctl)
+                                               : run_psync(&ps, fd, &ord, ctl);
+    if (!rc && o->op == QUAL_OP_WRITE && fdatasync(fd))
+        rc = qual_set_error(-errno, "fdatasync %s: %s", path, strerror(errno));
+    res->elapsed_ns = now_ns() - t0;
+    close(fd);
+    return rc;
+}

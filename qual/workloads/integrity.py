@@ -1,0 +1,103 @@
+"""Data integrity: verification blocks (offset, run seed, sequence, CRC32C in every block) laid
+over the profile's region in sequential or random order, overwritten by a newer generation,
+then read back and checked, so corrupted, stale (lost write) and misdirected blocks are found
+and named. Writes go through the target's guard (DESIGN §4)."""
+
+from __future__ import annotations
+
+import secrets
+
+from qual import engine, honesty
+from qual.engine import BACKENDS
+from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.record import Measurement, measure
+from qual.target import Target
+
+NAME = "integrity"
+PATTERNS = ("sequential", "random")
+_PATTERN = Param("pattern", "name")
+
+METRICS = {m.name: m for m in (
+    Metric("integrity_bad_blocks", "count", "lower", (_PATTERN,),
+           "blocks that did not read back as last written: corrupted, foreign, misdirected, "
+           "stale"),
+    Metric("integrity_verified", "size", "higher", (_PATTERN,), "bytes read back and checked"),
+    Metric("integrity_write_bw", "bandwidth", "higher", (_PATTERN,),
+           "verification blocks written per second, durable"),
+    Metric("integrity_read_bw", "bandwidth", "higher", (_PATTERN,),
+           "verification blocks read and checked per second"),
+)}
+
+FIELDS = (
+    Field("size", "size", default="1 GiB", minimum=4096, help="bytes verified, from offset 0"),
+    Field("block_size", "size", default="128K", minimum=512, help="bytes per verification block"),
+    Field("queue_depth", "count", default=16, maximum=engine.MAX_QUEUE_DEPTH),
+    Field("patterns", "choices", default=list(PATTERNS), choices=PATTERNS),
+    Field("generations", "count", default=2, maximum=16,
+          help="writes of the region before the check: from 2 on, a lost write shows as stale"),
+    Field("report", "count", default=8, maximum=1024, help="bad blocks described, at most"),
+    Field("backend", "choice", default="auto", choices=BACKENDS),
+)
+
+
+def _check(table: dict) -> list[tuple[str, str]]:
+    problems = []
+    if table["block_size"] % 512:
+        problems.append(("block_size", "is not a multiple of 512 bytes"))
+    elif table["size"] % table["block_size"]:
+        problems.append(("size", f"{table['size']} is not a multiple of the block size "
+                         f"{table['block_size']}"))
+    return problems
+
+
+def _cells(table: dict) -> list[str]:
+    return [measurement_id(METRICS[m], {"pattern": p}) for p in table["patterns"]
+            for m in METRICS]
+
+
+FAMILY = Family(name=NAME, description="data integrity: verification blocks written, "
+                "overwritten and checked", fields=FIELDS, metrics=METRICS, check=_check,
+                cells=_cells)
+
+
+def run_pattern(target: Target, table: dict, pattern: str, *, seed: int | None = None,
+                faults=(), progress=None) -> dict:
+    """Write the region `generations` times in `pattern` order, then check every block."""
+    size, bs = table["size"], table["block_size"]
+    if bs % target.align:
+        raise engine.InvalidJob(22, f"block size {bs} is not a multiple of the target's "
+                                f"logical block size {target.align}", target=target.spec)
+    target.ensure_writable(size)  # the guard, before the first byte
+    seed = secrets.randbits(63) if seed is None else seed  # this run's blocks are its own
+    common = dict(block_size=bs, queue_depth=table["queue_depth"], offset=0, size=size,
+                  seed=seed, random=pattern == "random", align=target.align,
+                  backend=table["backend"], faults=tuple(faults))
+    path = str(target.path)
+    writes = []
+    for g in range(1, table["generations"] + 1):
+        if progress:
+            progress(f"integrity {pattern}: writing generation {g}/{table['generations']}")
+        writes.append(engine.verify_blocks(path, op="write", seq=g,
+                                           exclusive=target.kind == "block", **common))
+    if progress:
+        progress(f"integrity {pattern}: checking {size} bytes")
+    check = engine.verify_blocks(path, op="read", seq=table["generations"],
+                                 max_report=table["report"], **common)
+    return {"pattern": pattern, "seed": seed, "writes": writes, "check": check}
+
+
+def measurements(result: dict, target: Target) -> list[Measurement]:
+    check, writes = result["check"], result["writes"]
+    p = {"pattern": result["pattern"]}
+    ctx = {"target": str(target.path), "backend": check.backend, "path": "O_DIRECT",
+           "seed": result["seed"], "generations": len(writes), "blocks": check.blocks,
+           "counts": check.counts, "bad": [b.describe() for b in check.bad]}
+    write_bw = sum(w.bytes for w in writes) / sum(w.elapsed for w in writes)
+    honesty.check_link(write_bw, target.identity, target.spec, "verification writes")
+    honesty.check_link(check.bw, target.identity, target.spec, "verification reads")
+    return [
+        measure(NAME, METRICS["integrity_bad_blocks"], p, check.bad_blocks, context=ctx),
+        measure(NAME, METRICS["integrity_verified"], p, check.bytes, context=ctx),
+        measure(NAME, METRICS["integrity_write_bw"], p, write_bw, context=ctx),
+        measure(NAME, METRICS["integrity_read_bw"], p, check.bw, context=ctx),
+    ]
