@@ -265,14 +265,15 @@ def pytest_runtest_call(item):
 def pytest_runtest_makereport(item, call):
     rep = yield
     if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
-        extra = [(QUAL_TEST, True), (DRIVE, qual_session(item.config).spec_of(item))]
+        session = qual_session(item.config)
+        spec = session.spec_of(item)
+        extra = [(QUAL_TEST, True), (DRIVE, spec)]
         if rep.failed:
             exc = call.excinfo
             judged = rep.when == "call" and exc is not None and \
                 (exc.errisinstance(AssertionError) or exc.errisinstance(pytest.fail.Exception))
             extra.append((STATUS, "failed" if judged else "broken"))
-        session = qual_session(item.config)
-        info = session.target_info(session.spec_of(item))
+        info = session.target_info(spec)
         if info:
             extra.append((TARGET_INFO, info))
         rep.user_properties = [*rep.user_properties, *extra]  # a copy: item's list is shared
