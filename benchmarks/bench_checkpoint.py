@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from peer import bench_folder
 from qual.target import Target
 from qual.thresholds import family_table
 from qual.units import parse_size
@@ -66,12 +66,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None, help="also write the rounds here")
     args = ap.parse_args()
-    if not shutil.which("fio"):
-        print("fio is not installed (Debian: apt-get install fio)", file=sys.stderr)
+    ready = bench_folder(args.target)
+    if ready is None:
         return 2
-    folder = Path(args.target)
-    folder.mkdir(parents=True, exist_ok=True)
-    target, size = Target(folder), parse_size(args.size)
+    folder, target = ready
+    size = parse_size(args.size)
     rounds = []
     try:
         for i in range(args.rounds):

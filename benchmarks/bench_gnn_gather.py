@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qual.target import Target
+from peer import bench_folder
 from qual.thresholds import family_table
 from qual.workloads import gnn
 from qual.workloads.gnn.graph import Graph
@@ -81,12 +80,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the rounds here")
     args = ap.parse_args()
-    if not shutil.which("fio"):
-        print("fio is not installed (Debian: apt-get install fio)", file=sys.stderr)
+    ready = bench_folder(args.target)
+    if ready is None:
         return 2
-    folder = Path(args.target)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = Target(folder)
+    folder, target = ready
     table = family_table(gnn.NAME, {"size": args.size, "scale": args.scale,
                                     "cache_share": args.cache_share,
                                     "cpu_buffer_share": args.cpu_buffer_share,

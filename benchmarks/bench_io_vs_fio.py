@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from qual.target import Target
+from peer import bench_folder
 
 CASES = [  # (rw, block size, depth)
     ("read", "1M", 32),
@@ -60,13 +59,10 @@ def main() -> int:
     ap.add_argument("--runtime", type=float, default=5.0, help="seconds per run")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
-    if not shutil.which("fio"):
-        print("fio is not installed (Debian: apt-get install fio)", file=sys.stderr)
+    ready = bench_folder(args.target)
+    if ready is None:
         return 2
-
-    folder = Path(args.target)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = Target(folder)
+    folder, target = ready
     from qual.units import parse_size
 
     target.ensure_data(parse_size(args.size))  # written once: both tools read real blocks

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from peer import bench_folder
 from qual.target import Target
 from qual.thresholds import family_table
 from qual.workloads import training
@@ -81,17 +81,15 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the sample files")
     ap.add_argument("--json", default=None, help="also write the rounds here")
     args = ap.parse_args()
-    if not shutil.which("fio"):
-        print("fio is not installed (Debian: apt-get install fio)", file=sys.stderr)
+    ready = bench_folder(args.target)
+    if ready is None:
         return 2
+    _, target = ready
     table = family_table(training.NAME, {
         "workload": args.workload, "files": args.files, "record_scale": args.record_scale,
         "computation_time": 0, "read_threads": args.read_threads,
         "accelerators": [args.accelerators], "epochs": [1], "block_size": args.bs,
         "queue_depth": args.iodepth, "calibrate": False})
-    folder = Path(args.target)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = Target(folder)
     data = dataset.prepare(target, training.workload_of(table), seed=table["data_seed"])
     # fio reads the files one epoch reads: the steps of every accelerator, whole batches only
     plan = training.plan_of(data.workload, table, args.accelerators)

@@ -1,0 +1,20 @@
+"""What every benchmark needs before it starts: fio, the peer it is measured against, and a
+folder on the drive to hold both tools' files."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from qual.target import Target
+
+
+def bench_folder(folder: str) -> tuple[Path, Target] | None:
+    """The folder (made if missing) and its target, or None after saying that fio is missing."""
+    if not shutil.which("fio"):
+        print("fio is not installed (Debian: apt-get install fio)", file=sys.stderr)
+        return None
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    return path, Target(path)
