@@ -290,6 +290,20 @@ def _flags_table(command: str, family: str, given: dict) -> dict | None:
         return None
 
 
+def _family_command(command: str, family, given: dict, args, document, show, **kw) -> int:
+    """A workload subcommand: check the flags (nothing touched yet), run the family on
+    --target, and print its document as JSON (--json) or as lines for a person."""
+    table = _flags_table(command, family.NAME, given)
+    if table is None:
+        return 2
+    doc = document(_run_family(family, table, args, **kw))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        show(doc)
+    return 0
+
+
 def _run_family(family, table: dict, args, **kw) -> dict:
     """Run a workload family's module on --target, holding the target, with progress on a
     terminal, and remove what it made unless --keep."""
@@ -373,13 +387,10 @@ def cmd_gnn(args) -> int:
     except ValueError as e:
         print(f"qual gnn: error: --fanouts: {e}", file=sys.stderr)
         return 2
-    table = _flags_table("gnn", gnn.NAME, given)
-    if table is None:
-        return 2
-    doc = gnn_document(_run_family(gnn, table, args, seed=args.seed))
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return 0
+    return _family_command("gnn", gnn, given, args, gnn_document, print_gnn, seed=args.seed)
+
+
+def print_gnn(doc: dict) -> None:
     for name in doc["accuracy"]:
         stages = ", ".join(f"{k} {v:.2f}" for k, v in doc["stages"][name].items())
         print(f"{name}: {doc['e2e_s'][name]:.2f} s for {doc['steps']} steps ({stages}), "
@@ -391,7 +402,6 @@ def cmd_gnn(args) -> int:
         print(f"GIDS cache: hit rate {c['hit_rate'] * 100:.1f} % ({c['hits']} hits, "
               f"{c['cpu_buffer_hits']} CPU-buffer hits, {c['misses']} misses, "
               f"{c['ssd_reads']} SSD reads)")
-    return 0
 
 
 def gnn_document(result: dict) -> dict:
@@ -422,13 +432,11 @@ def cmd_train(args) -> int:
              "read_threads": args.read_threads, "block_size": args.bs,
              "queue_depth": args.iodepth, "direct": not args.page_cache,
              "calibrate": not args.no_calibrate, "shuffle_seed": args.seed}
-    table = _flags_table("train", training.NAME, given)
-    if table is None:
-        return 2
-    doc = training_document(_run_family(training, table, args, seed=args.seed))
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return 0
+    return _family_command("train", training, given, args, training_document, print_training,
+                           seed=args.seed)
+
+
+def print_training(doc: dict) -> None:
     for e in doc["per_epoch"]:
         print(f"epoch {e['epoch']}: AU {e['au_mean'] * 100:.1f} %, {e['samples_per_s']:.1f} "
               f"samples/s, {e['bw_bytes'] / 2**20:.0f} MiB/s, device read "
@@ -441,7 +449,6 @@ def cmd_train(args) -> int:
           f"{doc['bw_bytes'] / 2**20:.0f} MiB/s")
     for caveat in doc["caveats"]:
         print(f"CAVEAT: {caveat}")
-    return 0
 
 
 def training_document(result: dict) -> dict:
