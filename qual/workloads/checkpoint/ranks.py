@@ -236,8 +236,8 @@ class Rank:
         file_bytes = path.stat().st_size
         everyone = self.gather({"save_s": save_s, "load_s": load_s, "bytes": size,
                                 "file_bytes": file_bytes, "same": same})
-        self.dist.barrier()
         path.unlink()
+        self.dist.barrier()  # every rank's file is gone before rank 0 removes the folder
         if self.rank != 0:
             return None
         folder.rmdir()
