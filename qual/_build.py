@@ -1,5 +1,6 @@
 """The cffi builder: compiles native/src/*.c into the extension qual._native (API mode)."""
 
+import re
 from pathlib import Path
 
 from cffi import FFI
@@ -10,9 +11,20 @@ SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "native" / "src").glo
 CFLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE", "-pthread"]
 
 
+CONSTANT = re.compile(r"#define (QUAL_[A-Z_]+)\s+\S")
+
+
 def cdef_from_header(text: str) -> str:
-    """qual.h without its preprocessor lines: the header is the single source of the API."""
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    """qual.h without its preprocessor lines: the header is the single source of the API. Its
+    QUAL_* constants stay, their values taken from the compiled header (`...`)."""
+    lines = []
+    for line in text.splitlines():
+        constant = CONSTANT.match(line.lstrip())
+        if constant:
+            lines.append(f"#define {constant.group(1)} ...")
+        elif not line.lstrip().startswith("#"):
+            lines.append(line)
+    return "\n".join(lines)
 
 
 ffibuilder = FFI()

@@ -234,10 +234,12 @@ def cmd_io(args) -> int:
     op, pattern = RW[args.rw]
     target = Target(args.target, allow_destructive=args.allow_destructive,
                     confirm_serial=args.confirm_serial)
+    # as in fio, a job without a runtime moves --size, rounded down to whole blocks
+    whole = args.size - args.size % args.bs if args.bs > 0 else args.size
     job = target.job(op=op, pattern=pattern, block_size=args.bs, queue_depth=args.iodepth,
                      workers=args.numjobs, submit_batch=args.submit_batch,
                      offset=args.offset or 0, size=args.size,
-                     bytes=0 if args.runtime else args.size, runtime=args.runtime or 0.0,
+                     bytes=whole if args.runtime is None else None, runtime=args.runtime,
                      seed=args.seed, backend=args.engine, direct=bool(args.direct))
     target.lock()
     try:

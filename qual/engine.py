@@ -9,6 +9,7 @@ offset and target. An engine error is never an AssertionError: in a qualificatio
 from __future__ import annotations
 
 import errno as errno_mod
+import math
 import os
 import threading
 import time
@@ -27,6 +28,8 @@ MAX_QUEUE_DEPTH = 4096
 MAX_WORKERS = 1024
 MAX_BLOCK_SIZE = 64 << 20
 PATTERN_UNIT = 512
+UNBOUNDED = lib.QUAL_UNBOUNDED  # a byte or time bound that does not bound (never 0)
+STOP_WAIT = 5.0  # seconds a cancelled engine call may take to bring its I/Os back
 
 _OP_CODE = {"read": lib.QUAL_OP_READ, "write": lib.QUAL_OP_WRITE}
 _PATTERN_CODE = {"sequential": lib.QUAL_SEQUENTIAL, "random": lib.QUAL_RANDOM}
@@ -255,8 +258,8 @@ class IoJob:
     workers: int = 1
     submit_batch: int = 1  # io_uring: I/Os per submission syscall (0: all ready); fio's default
     offset: int = 0
-    bytes: int = 0  # bound: total bytes (0: none)
-    runtime: float = 0.0  # bound: seconds (0: none)
+    bytes: int | None = None  # bound: total bytes, whole blocks (None: no byte bound)
+    runtime: float | None = None  # bound: seconds (None: no time bound)
     seed: int = 0
     backend: str = "auto"
     direct: bool = True
@@ -298,10 +301,16 @@ class IoJob:
             return f"region of {self.size} bytes holds no {self.block_size}-byte block"
         if self.pattern == "sequential" and self.size // self.block_size < self.workers:
             return f"region of {self.size // self.block_size} blocks cannot be split over {self.workers} workers"
-        if self.bytes < 0 or self.runtime < 0:
-            return "bounds cannot be negative"
-        if not self.bytes and not self.runtime:
+        if self.bytes is None and self.runtime is None:
             return "job has no bound: give bytes, runtime or both"
+        if self.bytes is not None:
+            if not 0 < self.bytes < UNBOUNDED:
+                return f"byte bound {self.bytes} is outside 1..{UNBOUNDED - 1}"
+            if self.bytes % self.block_size:
+                return (f"byte bound {self.bytes} is not a whole number of "
+                        f"{self.block_size}-byte blocks")
+        if self.runtime is not None and not 1 <= _ns(self.runtime) < UNBOUNDED:
+            return f"runtime {self.runtime} s is outside 1 ns..{(UNBOUNDED - 1) / 1e9:.0f} s"
         return None
 
     @property
@@ -364,34 +373,54 @@ class IoResult:
 Progress = Callable[[int, int, float], None]
 
 
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9) if math.isfinite(seconds) else UNBOUNDED
+
+
+class EngineStuck(QualError):
+    """A cancelled engine call did not stop: the kernel has not returned its I/Os."""
+
+
 def _call(call, ctl, keep, progress: Progress | None, interval: float) -> int:
-    """Run a long engine call on a helper thread, so that the main thread stays free to notice
-    Ctrl-C (which cancels the call through ctl, then re-raises) and to report
-    progress(bytes_done, ops_done, seconds) every `interval`."""
+    """Run a long engine call on a helper thread, so that the main thread stays free to report
+    progress(bytes_done, ops_done, seconds) every `interval` and to notice an exception (Ctrl-C,
+    a test's timeout, a failing progress callback). Any exception that leaves this call
+    cancels the engine call through ctl and waits, at most STOP_WAIT seconds, for it to stop:
+    no engine thread outlives the call that started it."""
     outcome: list[tuple[int, str]] = []
+    # an Event, not Thread.join: a join that an exception interrupts can report a live thread
+    # as stopped (CPython), and then the engine would run on past this call
+    finished = threading.Event()
 
     def work():
-        rc = call()
-        # the context of a failure is per thread: take it here, on the thread that failed
-        outcome.append((rc, ffi.string(lib.qual_last_error()).decode(errors="replace")))
+        try:
+            rc = call()
+            # the context of a failure is per thread: take it here, on the thread that failed
+            outcome.append((rc, ffi.string(lib.qual_last_error()).decode(errors="replace")))
+        finally:
+            finished.set()
 
     worker = threading.Thread(target=work, name="qual-engine", daemon=True)
-    # the engine reads these until it returns, even if a second Ctrl-C abandons the join
+    # the engine reads these until it returns, even if a second Ctrl-C abandons the wait
     worker.engine_memory = (ctl, keep)
     started = time.monotonic()
     worker.start()
     try:
         last = started
-        while worker.is_alive():
-            worker.join(0.05)
+        while not finished.wait(0.05):
             now = time.monotonic()
             if progress and now - last >= interval:
                 progress(int(ctl.bytes_done), int(ctl.ops_done), now - started)
                 last = now
-    except KeyboardInterrupt:
+    except BaseException as stop:
         ctl.cancel = 1
-        worker.join()
+        if not finished.wait(STOP_WAIT):
+            raise EngineStuck(errno_mod.ETIMEDOUT, f"still running {STOP_WAIT:g} s after it was "
+                              f"cancelled ({type(stop).__name__}): I/Os the kernel has not "
+                              "returned") from stop
+        worker.join()  # past finished: only the thread's own exit is left
         raise
+    worker.join()
     return outcome[0]
 
 
@@ -410,11 +439,13 @@ def _raise_result(res, target: str, default_op: str | None) -> None:
                                     op=op, offset=offset, target=target)
 
 
-def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0.5) -> IoResult:
-    """Run a job to its bound. Ctrl-C cancels it (within about a second) and re-raises."""
+def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0.5,
+            ctl=None) -> IoResult:
+    """Run a job to its bound. Any exception in the caller (Ctrl-C, a timeout) cancels it and
+    re-raises once it has stopped. `ctl` (new_ctl()) lets the caller watch its counters."""
     cjob = ffi.new("struct qual_job *")
     keep = _fill_job(cjob, job)
-    ctl = ffi.new("struct qual_ctl *")
+    ctl = ctl if ctl is not None else new_ctl()
     res = ffi.new("struct qual_result *")
     _call(lambda: lib.qual_job_run(cjob, ctl, res), ctl, (cjob, res, keep), progress, interval)
     _raise_result(res, job.target, job.op)
@@ -447,8 +478,8 @@ def _fill_job(cjob, job: IoJob) -> list:
     cjob.align = job.align
     cjob.offset = job.offset
     cjob.size = job.size
-    cjob.bytes = job.bytes
-    cjob.runtime_ns = int(job.runtime * 1e9)
+    cjob.bytes = UNBOUNDED if job.bytes is None else job.bytes
+    cjob.runtime_ns = UNBOUNDED if job.runtime is None else _ns(job.runtime)
     cjob.seed = job.seed & (2**64 - 1)
     keep = [path]
     if job.faults:

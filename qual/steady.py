@@ -50,6 +50,8 @@ def assess(values: list[float]) -> SteadyState:
 def rounds_until_steady(measure_round, max_rounds: int = MAX_ROUNDS) -> tuple[SteadyState, list]:
     """Call measure_round() -> (value, anything) until the values are steady or max_rounds
     have run; returns the assessment and every round's result."""
+    if max_rounds < 1:
+        raise ValueError(f"max_rounds {max_rounds}: steady state needs at least one round")
     results, values = [], []
     state = assess(values)
     for _ in range(max_rounds):

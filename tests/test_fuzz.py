@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from qual import cli, units
 from qual.thresholds import ProfileError, load_profile
 from qual.workloads import FAMILIES
+
+from testbed import time_limit
 
 values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
@@ -97,6 +100,7 @@ def test_a_profile_loads_or_says_what_is_wrong(tmp_path, text):
         assert profile.name == "fuzz"
 
 
+EXAMPLE_LIMIT = 20.0  # seconds: the longest job here reads 1 MiB or runs 5 ms
 FLAG_VALUES = {
     "--rw": ["read", "randread", "write", "randwrite", "trim", ""],
     "--bs": ["4k", "64K", "1M", "0", "-4k", "3000", "abc", "1.5k", "1T"],
@@ -118,8 +122,8 @@ def io_argv(draw) -> list[str]:
     for flag in draw(st.lists(st.sampled_from(sorted(FLAG_VALUES)), max_size=6, unique=True)):
         argv += [flag, draw(st.sampled_from(FLAG_VALUES[flag]))]
     if draw(st.booleans()):
-        argv.append(draw(st.sampled_from(["--json", "--allow-destructive", "--bogus", "-x"])))
-    return argv
+        argv.append(draw(st.sampled_from(["--allow-destructive", "--bogus", "-x"])))
+    return argv + ["--json"]  # the document says what the job did
 
 
 @pytest.fixture(scope="module")
@@ -129,22 +133,40 @@ def small_file(tmp_path_factory):
     return path
 
 
+def _flag(argv: list[str], flag: str, default: str) -> str:
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
 @settings(max_examples=2000, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=io_argv())
 def test_qual_io_flags_never_crash(small_file, capsys, argv):
-    """Every I/O is bounded: the file is 1 MiB, runtimes at most 5 ms, and writes are refused
-    (qual writes only files it created)."""
+    """Every input runs or is refused with qual's own error, and every job it runs ends at its
+    bound: without a runtime, with exactly --size in whole blocks; with one, within runtime +
+    1 s. The file is 1 MiB, runtimes at most 5 ms, and writes are refused (qual writes only
+    files it created). Each example runs under its own time limit, so a job that does not end
+    fails that example, with its argv, and not the session."""
     if "1h" in argv:
         argv[argv.index("1h")] = "5ms"
     before = small_file.read_bytes()
-    try:
-        rc = cli.main(["io", "--target", str(small_file), *argv])
-    except SystemExit as e:  # argparse's own usage errors
-        rc = e.code
+    started = time.monotonic()
+    with time_limit(EXAMPLE_LIMIT, f"qual io {' '.join(argv)}"):
+        try:
+            rc = cli.main(["io", "--target", str(small_file), *argv])
+        except SystemExit as e:  # argparse's own usage errors
+            rc = e.code
+    took = time.monotonic() - started
     out = capsys.readouterr()
     assert rc in (0, 1, 2), (argv, rc, out.err)
     assert "Traceback" not in out.err + out.out
     if rc:
         assert out.err.strip(), argv  # a refusal says why
+    else:
+        doc = json.loads(out.out)
+        if "--runtime" in argv:
+            runtime = units.parse_duration(_flag(argv, "--runtime", ""))
+            assert took <= runtime + 1.0, (argv, took)
+        else:
+            size = units.parse_size(_flag(argv, "--size", "1G"))
+            assert doc["ops"] * doc["bs"] == doc["bytes"] == size - size % doc["bs"], (argv, doc)
     assert small_file.read_bytes() == before

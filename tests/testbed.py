@@ -6,8 +6,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,37 @@ def sha256_of(path: str | Path) -> str:
         while block := f.read(1 << 20):
             h.update(block)
     return h.hexdigest()
+
+
+@contextmanager
+def time_limit(seconds: float, what: str):
+    """Raise TimeoutError in this (the main) thread after `seconds`, as pytest-timeout does, so
+    that one call that does not end fails with its own traceback and leaves the rest of the test
+    session running. The test's own pytest-timeout alarm is put back afterwards."""
+    def expired(signum, frame):
+        raise TimeoutError(f"{what}: still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
+
+
+def os_threads() -> list[str]:
+    """The names of this process's threads, as the kernel lists them (native ones included)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+        except OSError:
+            pass  # ended while we looked
+    return sorted(names)
 
 
 needs_root = pytest.mark.skipif(not IS_ROOT or not shutil.which("losetup"),

@@ -85,14 +85,20 @@ struct qual_fault {
 
 /* ---------------------------------------------------------------- I/O jobs (job.c, ring.c, psync.c) */
 
+/* A bound that does not bound: the byte or time bound of a job that has none. Never 0, which
+ * is a bound (nothing to do) and is refused. */
+#define QUAL_UNBOUNDED UINT64_MAX
+
 enum qual_op { QUAL_OP_READ = 0, QUAL_OP_WRITE = 1 };
 enum qual_pattern { QUAL_SEQUENTIAL = 0, QUAL_RANDOM = 1 };
 enum qual_backend { QUAL_BACKEND_AUTO = 0, QUAL_BACKEND_IO_URING = 1, QUAL_BACKEND_PSYNC = 2 };
 
 /* What to run. Random offsets are block-aligned and uniform over the region; sequential
  * workers split the region into contiguous slices and wrap around inside their slice. The job
- * stops at the first bound reached (bytes or runtime; at least one must be set), on cancel,
- * or on the first error. */
+ * stops at the first bound reached (bytes or runtime; at least one must not be
+ * QUAL_UNBOUNDED), on cancel, or on the first error. A byte bound binds every worker: each
+ * issues its share (the remainder to the first workers), and a worker whose share is zero
+ * issues nothing. */
 struct qual_job {
     const char *path;         /* a regular file or a block device */
     int op;                   /* enum qual_op */
@@ -109,8 +115,9 @@ struct qual_job {
     uint32_t align;           /* offset and length alignment: the target's logical block size */
     uint64_t offset;          /* region start, a multiple of align */
     uint64_t size;            /* region size */
-    uint64_t bytes;           /* bound: total bytes over all workers (0: none) */
-    uint64_t runtime_ns;      /* bound: wall time (0: none) */
+    uint64_t bytes;           /* bound: total bytes over all workers, a whole number of
+                                 blocks (QUAL_UNBOUNDED: none) */
+    uint64_t runtime_ns;      /* bound: wall time (QUAL_UNBOUNDED: none) */
     uint64_t seed;            /* random offsets, write data and the verification pattern */
     struct qual_fault *faults;
     uint32_t nfaults;

@@ -52,7 +52,7 @@ struct jobrun {
     const struct qual_job *job;
     struct qual_ctl *ctl;
     int backend;
-    uint64_t deadline_ns;     /* 0: no time bound */
+    uint64_t deadline_ns;     /* QUAL_UNBOUNDED: no time bound */
     int stop;                 /* atomic: set on error, cancel or bound */
     int setup_failed;
     pthread_mutex_t gate;     /* start gate: streams report ready, then wait for open */
@@ -74,7 +74,8 @@ struct worker {
     int fd;
     uint64_t lo;              /* first byte of the worker's range */
     uint64_t nblocks;         /* blocks in the worker's range */
-    uint64_t quota;           /* blocks this worker may issue (0: no byte bound) */
+    uint64_t quota;           /* blocks this worker may issue (0: none; QUAL_UNBOUNDED: no
+                                 byte bound) */
     uint64_t claimed;         /* atomic: blocks issued so far */
     uint64_t write_seq;       /* atomic: write sequence for stamp_write */
 };

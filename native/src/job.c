@@ -57,10 +57,10 @@ int job_claim(struct stream *s, uint64_t *off)
         job_fail(run, -ECANCELED, -1, 0, "cancelled");
         return 0;
     }
-    if (run->deadline_ns && now_ns() >= run->deadline_ns)
+    if (run->deadline_ns != QUAL_UNBOUNDED && now_ns() >= run->deadline_ns)
         return 0;
     uint64_t k = __atomic_fetch_add(&w->claimed, 1, __ATOMIC_RELAXED);
-    if (w->quota && k >= w->quota)
+    if (k >= w->quota)
         return 0;
     uint64_t block = job->pattern == QUAL_RANDOM ? rng_below(&s->rng, w->nblocks)
                                                  : k % w->nblocks;
@@ -145,8 +145,15 @@ static int validate(const struct qual_job *job)
                               job->submit_batch, job->queue_depth);
     if (job->workers == 0 || job->workers > MAX_WORKERS)
         return qual_set_error(-EINVAL, "workers %u is outside 1..%u", job->workers, MAX_WORKERS);
-    if (job->bytes == 0 && job->runtime_ns == 0)
+    if (job->bytes == QUAL_UNBOUNDED && job->runtime_ns == QUAL_UNBOUNDED)
         return qual_set_error(-EINVAL, "job has no bound: give bytes, runtime or both");
+    if (job->bytes == 0)
+        return qual_set_error(-EINVAL, "a byte bound of 0 moves nothing");
+    if (job->bytes != QUAL_UNBOUNDED && job->bytes % job->block_size)
+        return qual_set_error(-EINVAL, "byte bound %llu is not a whole number of %u-byte blocks",
+                              (unsigned long long)job->bytes, job->block_size);
+    if (job->runtime_ns == 0)
+        return qual_set_error(-EINVAL, "a time bound of 0 ns ends before the job starts");
     uint64_t nblocks = job->size / job->block_size;
     if (nblocks == 0)
         return qual_set_error(-EINVAL, "region of %llu bytes holds no %u-byte block",
@@ -269,8 +276,6 @@ static void split_region(const struct qual_job *job, struct worker *workers)
 {
     uint64_t nblocks = job->size / job->block_size;
     uint64_t quota_blocks = job->bytes / job->block_size;
-    if (job->bytes && quota_blocks == 0)
-        quota_blocks = 1;
     for (uint32_t i = 0; i < job->workers; i++) {
         struct worker *w = &workers[i];
         if (job->pattern == QUAL_SEQUENTIAL) {
@@ -282,13 +287,11 @@ static void split_region(const struct qual_job *job, struct worker *workers)
             w->lo = job->offset;
             w->nblocks = nblocks;
         }
-        if (job->bytes) {
-            /* every worker gets an equal share; the remainder goes to the first ones, and a
-             * worker whose share is zero issues nothing */
-            w->quota = quota_blocks / job->workers + (i < quota_blocks % job->workers);
-            if (w->quota == 0)
-                w->claimed = 1;
-        }
+        /* every worker gets an equal share; the remainder goes to the first ones, and a
+         * worker whose share is zero issues nothing */
+        w->quota = job->bytes == QUAL_UNBOUNDED
+                       ? QUAL_UNBOUNDED
+                       : quota_blocks / job->workers + (i < quota_blocks % job->workers);
     }
 }
 
@@ -384,8 +387,8 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     double u0, s0;
     process_cpu(&u0, &s0);
     uint64_t t_start = now_ns();
-    if (job->runtime_ns)
-        run.deadline_ns = t_start + job->runtime_ns;
+    run.deadline_ns = job->runtime_ns >= QUAL_UNBOUNDED - t_start ? QUAL_UNBOUNDED
+                                                                   : t_start + job->runtime_ns;
     run.open = 1;
     pthread_cond_broadcast(&run.gate_cv);
     pthread_mutex_unlock(&run.gate);

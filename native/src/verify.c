@@ -86,13 +86,16 @@ static void order_init(struct order *ord, uint64_t n, int random, uint64_t seed)
     ord->n = n;
     ord->mul = 1;
     ord->add = 0;
-    if (!random || n < 2)
+    if (!random)
         return;
-    uint64_t m = mix64(seed) % n;
-    while (m < 2 || gcd(m, n) != 1)
-        m = (m + 1) % n;
-    ord->mul = n > 2 ? m : 1;
     ord->add = mix64(seed ^ 0x5bd1e995u) % n;
+    if (n < 3)
+        return; /* 1 is the only multiplier coprime with n below it */
+    /* a multiplier in [2, n); n - 1 is coprime with n, so the search ends within n steps */
+    uint64_t m = 2 + mix64(seed) % (n - 2);
+    while (gcd(m, n) != 1)
+        m = m + 1 < n ? m + 1 : 2;
+    ord->mul = m;
 }
 
 static uint64_t order_at(const struct order *ord, uint64_t i)
