@@ -243,8 +243,7 @@ def cmd_io(args) -> int:
                      seed=args.seed, backend=args.engine, direct=bool(args.direct))
     target.lock()
     try:
-        target.prepare(job)
-        result = _run_io(job, args)
+        result = _run_io(target.prepare(job), args)
     finally:
         target.unlock()
     if args.json:

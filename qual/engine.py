@@ -264,7 +264,7 @@ class IoJob:
     backend: str = "auto"
     direct: bool = True
     verify: bool = False
-    exclusive: bool = False
+    expect: tuple[int, int] | None = None  # (st_dev, st_ino) the path must open: see Target
     align: int = 512
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
@@ -470,7 +470,7 @@ def _fill_job(cjob, job: IoJob) -> list:
     cjob.backend = _BACKEND_CODE[job.backend]
     cjob.direct = int(job.direct)
     cjob.verify = int(job.verify)
-    cjob.exclusive = int(job.exclusive)
+    cjob.expect.dev, cjob.expect.ino = job.expect or (0, 0)
     cjob.block_size = job.block_size
     cjob.queue_depth = job.queue_depth
     cjob.workers = job.workers
@@ -773,7 +773,8 @@ class VerifyResult:
 
 def verify_blocks(path: str, *, op: str, block_size: int, queue_depth: int, offset: int,
                   size: int, seed: int, seq: int, random: bool = False, align: int = 4096,
-                  direct: bool = True, exclusive: bool = False, backend: str = "auto",
+                  direct: bool = True, expect: tuple[int, int] | None = None,
+                  backend: str = "auto",
                   faults: tuple[Fault, ...] = (), max_report: int = 16,
                   progress: Progress | None = None) -> VerifyResult:
     """Write verification blocks over [offset, offset + size) with sequence `seq` (op "write",
@@ -784,8 +785,8 @@ def verify_blocks(path: str, *, op: str, block_size: int, queue_depth: int, offs
         raise InvalidJob(errno_mod.EINVAL, f"backend {backend!r} is not one of "
                          f"{', '.join(BACKENDS)}")
     o = ffi.new("struct qual_verify_opts *")
-    o.op, o.backend, o.direct, o.exclusive = OPS.index(op), _BACKEND_CODE[backend], int(direct), \
-        int(exclusive)
+    o.op, o.backend, o.direct = OPS.index(op), _BACKEND_CODE[backend], int(direct)
+    o.expect.dev, o.expect.ino = expect or (0, 0)
     o.random, o.align, o.block_size, o.queue_depth = int(random), align, block_size, queue_depth
     o.offset, o.size, o.seed, o.seq = offset, size, seed, seq
     cfaults = ffi.new("struct qual_fault[]", len(faults)) if faults else ffi.NULL

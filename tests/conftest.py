@@ -54,16 +54,20 @@ def loop_device(tmp_path):
         point.mkdir()
         sh("mount", "-o", options, dev, str(point))
         for d, mounts in made:
-            if d == dev:
+            if dev == d or dev.startswith(f"{d}p"):  # the loop device or one of its partitions
                 mounts.append(str(point))
         return point
 
-    def partition(dev: str) -> str:
-        """Write an MBR with one partition and make the kernel add it (BLKPG, via partx)."""
+    def partition(dev: str, count: int = 1) -> str:
+        """Write an MBR with `count` partitions of 8 MiB and make the kernel add them (BLKPG,
+        via partx); returns the first one's node."""
         mbr = bytearray(512)
-        # partition entry: status, CHS start, type 0x83 (Linux), CHS end, LBA start, sectors
-        mbr[446:462] = (0).to_bytes(1, "little") + b"\0\0\0" + b"\x83" + b"\0\0\0" + \
-            (2048).to_bytes(4, "little") + (16384).to_bytes(4, "little")
+        for i in range(count):
+            # entry: status, CHS start, type 0x83 (Linux), CHS end, LBA start, sectors
+            entry = 446 + 16 * i
+            mbr[entry:entry + 16] = (0).to_bytes(1, "little") + b"\0\0\0" + b"\x83" + \
+                b"\0\0\0" + (2048 + 16384 * i).to_bytes(4, "little") + \
+                (16384).to_bytes(4, "little")
         mbr[510:512] = b"\x55\xaa"
         with open(dev, "r+b") as f:
             f.write(mbr)

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from qual.target import SCRATCH_NAME, Target, read_marker
+from qual.target import SCRATCH_NAME, Target
+from qual.target.scratch import prove
 from qual.thresholds import family_table
 from qual.workloads import training
 from qual.workloads.training import dataset
@@ -38,11 +39,11 @@ def test_a_fill_killed_midway_is_not_trusted_and_clean_spares_the_rest(tmp_path)
     wait_for(lambda: scratch.exists() and scratch.stat().st_blocks * 512 > 64 << 20)
     proc.kill()  # as a killed worker dies: no cleanup of its own
     proc.wait(timeout=30)
-    marker = read_marker(scratch)
-    assert marker is not None and marker["written"] < 3 << 30  # the fill is not counted
+    owned = prove(scratch)
+    assert owned is not None and owned.written < 3 << 30  # the fill is not counted
     target = Target(tmp_path)
     target.ensure_data(1 << 20)  # the next run fills before it reads
-    assert read_marker(scratch)["written"] >= 1 << 20
+    assert prove(scratch).written >= 1 << 20
     subprocess.run([sys.executable, "-m", "qual.cli", "clean", str(tmp_path)], check=True,
                    timeout=60)
     assert not scratch.exists() and theirs.read_text() == "not qual's"

@@ -11,7 +11,8 @@ import pytest
 from qual import engine
 from qual.engine import TargetUnavailable
 from qual.target import DEFAULT_TARGET, SCRATCH_NAME, Target, UnsafeTarget, guard_refusals, \
-    marker_path, read_marker
+    marker_path
+from qual.target.scratch import prove
 from testbed import IS_ROOT, needs_root, sh, sha256_of
 
 MiB = 1 << 20
@@ -26,7 +27,7 @@ def test_directory_target_gets_a_scratch_file_with_real_blocks(tmp_path):
     t.ensure_data(8 * MiB)
     st = t.path.stat()
     assert st.st_size == 8 * MiB and st.st_blocks * 512 >= 8 * MiB  # written, not sparse
-    assert read_marker(t.path)["written"] == 8 * MiB
+    assert prove(t.path).written == 8 * MiB
     data = t.path.read_bytes()
     assert data.count(0) < len(data) // 100  # random data, not zeros
 
@@ -76,7 +77,7 @@ def test_a_replaced_scratch_file_is_no_longer_qual_s(tmp_path):
     t.ensure_data(MiB)
     t.path.unlink()
     t.path.write_bytes(b"user data")  # same name, another file (another inode)
-    assert read_marker(t.path) is None
+    assert prove(t.path) is None
     t.cleanup()
     assert t.path.read_bytes() == b"user data"
 
@@ -181,10 +182,8 @@ def test_clean_loop_device_is_written_only_with_both_flags(loop_device):
 
     t = Target(dev, allow_destructive=True, confirm_serial=serial)
     before = sha256_of(dev)
-    job = write_job(t)
-    assert job.exclusive
-    t.prepare(job)
-    engine.run_job(job)
+    engine.run_job(t.prepare(write_job(t)))
+    t.unlock()
     assert sha256_of(dev) != before
 
 
@@ -198,17 +197,14 @@ def test_mounted_loop_device_is_refused_and_untouched(loop_device):
 
 
 @needs_root
-def test_exclusive_open_stops_a_write_even_past_the_guard(loop_device):
-    """The engine's own net: O_EXCL on a mounted block device fails with EBUSY."""
+def test_the_exclusive_hold_is_refused_on_a_mounted_device(loop_device):
+    """The kernel's own net behind the guard: the run's one O_EXCL open of a block device
+    fails with EBUSY while the device is mounted."""
     dev = loop_device()
     loop_device.mount(dev)
-    before = sha256_of(dev)
-    job = engine.IoJob(target=dev, op="write", pattern="sequential", block_size=4096,
-                       size=MiB, bytes=MiB, exclusive=True)
-    with pytest.raises(TargetUnavailable) as e:
-        engine.run_job(job)
+    with pytest.raises(TargetUnavailable, match="in use") as e:
+        Target(dev).claim()
     assert e.value.errno == errno.EBUSY
-    assert sha256_of(dev) == before
 
 
 @needs_root

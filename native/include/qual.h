@@ -90,6 +90,16 @@ struct qual_fault {
 #define QUAL_UNBOUNDED UINT64_MAX
 
 enum qual_op { QUAL_OP_READ = 0, QUAL_OP_WRITE = 1 };
+
+/* The file or device a caller checked before handing its path to the engine (the safety guard,
+ * qual's proof that it created a scratch file). With one given, the engine opens the path
+ * without following a final symbolic link, and refuses (-EPERM) unless fstat on its own
+ * descriptor shows this inode: a path swapped after the check is never written. dev 0 and
+ * ino 0: no check. */
+struct qual_inode {
+    uint64_t dev;
+    uint64_t ino;
+};
 enum qual_pattern { QUAL_SEQUENTIAL = 0, QUAL_RANDOM = 1 };
 enum qual_backend { QUAL_BACKEND_AUTO = 0, QUAL_BACKEND_IO_URING = 1, QUAL_BACKEND_PSYNC = 2 };
 
@@ -106,7 +116,7 @@ struct qual_job {
     int backend;              /* enum qual_backend: the one asked for */
     int direct;               /* 1: O_DIRECT (the page cache is bypassed) */
     int verify;               /* 1: writes lay down the verification pattern, reads check it */
-    int exclusive;            /* 1: open a block device with O_EXCL (fails while it is in use) */
+    struct qual_inode expect; /* what the path must open (see struct qual_inode) */
     uint32_t block_size;      /* bytes per I/O, a multiple of align */
     uint32_t queue_depth;     /* I/Os in flight per worker */
     uint32_t workers;         /* threads, one ring (or one pool of queue_depth threads) each */
@@ -318,7 +328,7 @@ struct qual_verify_opts {
     int op;                   /* QUAL_OP_WRITE lays blocks down, QUAL_OP_READ checks them */
     int backend;              /* enum qual_backend */
     int direct;               /* 1: O_DIRECT */
-    int exclusive;            /* 1: O_EXCL (block devices) */
+    struct qual_inode expect; /* what the path must open (see struct qual_inode) */
     int random;               /* 1: blocks in a seeded random order, else ascending */
     uint32_t align;
     uint32_t block_size;      /* a multiple of align and of 512, at least 512 */

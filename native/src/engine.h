@@ -20,6 +20,11 @@ static inline uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* ---- open a target's path with flags; with an expected inode, without following a final
+ * link and only if fstat on the descriptor shows it (target.c). op names the use in errors. */
+int target_open(const char *path, int flags, const struct qual_inode *expect, const char *op,
+                int *fd_out);
+
 /* ---- the backend to use for one asked for (auto: io_uring where it works, else psync) */
 int resolve_backend(int requested, int *chosen);
 

@@ -183,24 +183,8 @@ int resolve_backend(int requested, int *chosen)
 
 static int open_target(const struct qual_job *job, int *fd_out)
 {
-    int flags = O_CLOEXEC | (job->op == QUAL_OP_WRITE ? O_WRONLY : O_RDONLY);
-    if (job->direct)
-        flags |= O_DIRECT;
-    if (job->exclusive)
-        flags |= O_EXCL;
-    int fd = open(job->path, flags);
-    if (fd < 0) {
-        int err = errno;
-        if (err == EINVAL && job->direct)
-            return qual_set_error(-EINVAL, "%s does not support O_DIRECT", job->path);
-        if (err == EBUSY && job->exclusive)
-            return qual_set_error(-EBUSY, "%s is in use (mounted or held): exclusive open refused",
-                                  job->path);
-        return qual_set_error(-err, "open %s for %s: %s", job->path, op_name(job->op),
-                              strerror(err));
-    }
-    *fd_out = fd;
-    return 0;
+    int flags = (job->op == QUAL_OP_WRITE ? O_WRONLY : O_RDONLY) | (job->direct ? O_DIRECT : 0);
+    return target_open(job->path, flags, &job->expect, op_name(job->op), fd_out);
 }
 
 /* The region must lie inside the target; a regular file may grow under writes. */

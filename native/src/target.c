@@ -1,8 +1,10 @@
-/* target.c — what the kernel says about a target's direct-I/O alignment. */
+/* target.c — opening a target's path as the caller checked it, and what the kernel says about
+ * its direct-I/O alignment. */
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine.h"
 
@@ -23,4 +25,33 @@ int qual_dio_align(const char *path, uint32_t *mem_align, uint32_t *offset_align
 #else
     return qual_set_error(-EOPNOTSUPP, "%s: kernel headers lack STATX_DIOALIGN", path);
 #endif
+}
+
+int target_open(const char *path, int flags, const struct qual_inode *expect, const char *op,
+                int *fd_out)
+{
+    int checked = expect && (expect->dev || expect->ino);
+    int fd = open(path, flags | O_CLOEXEC | (checked ? O_NOFOLLOW : 0));
+    if (fd < 0) {
+        int err = errno;
+        if (err == EINVAL && (flags & O_DIRECT))
+            return qual_set_error(-EINVAL, "%s does not support O_DIRECT", path);
+        if (err == ELOOP && checked)
+            return qual_set_error(-EPERM, "%s is now a symbolic link, not what was checked: "
+                                  "refusing to %s through it", path, op);
+        return qual_set_error(-err, "open %s for %s: %s", path, op, strerror(err));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return qual_set_error(-err, "stat %s: %s", path, strerror(err));
+    }
+    if (checked && ((uint64_t)st.st_dev != expect->dev || (uint64_t)st.st_ino != expect->ino)) {
+        close(fd);
+        return qual_set_error(-EPERM, "%s is no longer the file or device that was checked "
+                              "(replaced since): refusing to %s it", path, op);
+    }
+    *fd_out = fd;
+    return 0;
 }

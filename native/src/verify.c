@@ -256,14 +256,12 @@ int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct q
     int rc = resolve_backend(o->backend, &res->backend);
     if (rc)
         return rc;
-    int flags = (o->op == QUAL_OP_WRITE ? O_WRONLY : O_RDONLY) | O_CLOEXEC |
-                (o->direct ? O_DIRECT : 0) | (o->exclusive ? O_EXCL : 0);
-    int fd = open(path, flags);
-    if (fd < 0) {
-        int err = errno;
-        return qual_set_error(-err, "open %s for %s: %s", path,
-                              o->op == QUAL_OP_WRITE ? "writing" : "reading", strerror(err));
-    }
+    int fd;
+    rc = target_open(path, (o->op == QUAL_OP_WRITE ? O_WRONLY : O_RDONLY) |
+                               (o->direct ? O_DIRECT : 0),
+                     &o->expect, o->op == QUAL_OP_WRITE ? "write" : "read", &fd);
+    if (rc)
+        return rc;
     struct order ord;
     order_init(&ord, o->size / bs, o->random, o->seed ^ o->seq);
     struct pass ps = {o, path, res, bad, bad ? max_report : 0};

@@ -131,7 +131,7 @@ def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int,
     job = target.job(op=op, pattern=layout, block_size=bs, queue_depth=qd,
                      workers=table["workers"], submit_batch=min(table["submit_batch"], qd),
                      size=size, runtime=runtime, backend=table["backend"], seed=seed)
-    target.prepare(job)
+    job = target.prepare(job)
     before = target.device_stat()
     result = engine.run_job(job, progress=progress)
     after = target.device_stat()
@@ -156,7 +156,7 @@ def precondition(target: Target, table: dict, passes: int, progress=None) -> Non
     size = table["size"] // PRECONDITION_BS * PRECONDITION_BS
     job = target.job(op="write", pattern="sequential", block_size=PRECONDITION_BS,
                      queue_depth=32, size=size, bytes=passes * size, backend=table["backend"])
-    target.prepare(job)
+    job = target.prepare(job)
     if progress:
         progress(f"preconditioning {target.spec}: {passes} x {size >> 20} MiB sequential writes")
     engine.run_job(job)

@@ -71,14 +71,13 @@ def run_pattern(target: Target, table: dict, pattern: str, *, seed: int | None =
     seed = secrets.randbits(63) if seed is None else seed  # this run's blocks are its own
     common = dict(block_size=bs, queue_depth=table["queue_depth"], offset=0, size=size,
                   seed=seed, random=pattern == "random", align=target.align,
-                  backend=table["backend"], faults=tuple(faults))
+                  backend=table["backend"], faults=tuple(faults), expect=target.inode)
     path = str(target.path)
     writes = []
     for g in range(1, table["generations"] + 1):
         if progress:
             progress(f"integrity {pattern}: writing generation {g}/{table['generations']}")
-        writes.append(engine.verify_blocks(path, op="write", seq=g,
-                                           exclusive=target.kind == "block", **common))
+        writes.append(engine.verify_blocks(path, op="write", seq=g, **common))
     if progress:
         progress(f"integrity {pattern}: checking {size} bytes")
     check = engine.verify_blocks(path, op="read", seq=table["generations"],

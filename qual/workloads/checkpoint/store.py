@@ -21,7 +21,7 @@ from pathlib import Path
 
 from qual import engine
 from qual.engine import DataMismatch, QualError
-from qual.target import fsync_dir
+from qual.target.scratch import fsync_dir, own_folder
 
 ROOT_NAME = "qual-checkpoints"
 MARKER = ".qual-checkpoints.json"
@@ -57,7 +57,7 @@ class CheckpointStore:
         if self.root.exists() and not self.owned():
             raise QualError(errno.EEXIST, "exists and was not made by qual; qual will not write "
                             "checkpoints into it", target=str(self.root))
-        self.root.mkdir(exist_ok=True)
+        own_folder(self.root)
         marker = self.root / MARKER
         if not marker.exists():
             marker.write_text(json.dumps({"created_by": "qual", "format": FORMAT,

@@ -15,6 +15,7 @@ from qual.engine import BACKENDS, QualError, TargetUnavailable
 from qual.family import Family, Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
+from qual.target.scratch import own_folder
 from qual.workloads.gnn import store as feature_store
 from qual.workloads.gnn.igbh import CLASSES, IGBH, MARKER, SIZES, generate, synthetic_name
 
@@ -133,7 +134,7 @@ def dataset_of(target: Target, table: dict, progress=None) -> IGBH:
                 (table["size"], table["scale"], table["data_seed"]):
             return IGBH(root, name)
         shutil.rmtree(root / name)
-    root.mkdir(parents=True, exist_ok=True)
+    own_folder(root)
     return generate(root, table["size"], scale=table["scale"], seed=table["data_seed"],
                     progress=progress)
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from qual import engine
 from qual.engine import DataMismatch
+from qual.target.scratch import own_folder
 from qual.workloads.gnn.igbh import FEATURE_DIM, IGBH, NODE_TYPES
 
 FOLDER = "qual-gnn"
@@ -87,8 +88,7 @@ def _identity(dataset: IGBH) -> dict:
 def build(dataset: IGBH, folder: str | Path, *, page_size: int = 4096) -> FeatureStore:
     """The store for a dataset in `folder`: reused when its manifest says it was built from
     this very dataset, else written afresh (the type order and offsets are GIDS's)."""
-    folder = Path(folder) / FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = own_folder(Path(folder) / FOLDER)
     name = dataset.size.replace("@", "-x")
     path = folder / f"igbh-{name}.features"
     ident = _identity(dataset)

@@ -16,7 +16,8 @@ import numpy as np
 
 from qual import engine
 from qual.engine import IoJob, NoSpace, TargetUnavailable
-from qual.target import Target, fsync_dir
+from qual.target import Target
+from qual.target.scratch import fsync_dir, own_folder
 from qual.units import format_size
 from qual.workloads.training.configs import Workload
 
@@ -110,6 +111,7 @@ def prepare(target: Target, w: Workload, *, seed: int = 0, progress=None) -> Dat
     if need > free:
         raise NoSpace(errno.ENOSPC, f"the {w.name} dataset needs {format_size(need)} in "
                       f"{w.files} files; {format_size(free)} is free", target=target.spec)
+    own_folder(folder.parent)  # qual-train/: no one else may plant links in it
     (folder / "train").mkdir(parents=True)
     doc = {"created_by": "qual", **_identity(w, seed), "sizes": [int(s) for s in sizes],
            "complete": False}

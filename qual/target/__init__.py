@@ -1,0 +1,327 @@
+"""What is being qualified: a file, a directory or a block device (DESIGN §4).
+
+A target is named by one string. A file or directory target gets a scratch file that qual
+creates, fills once with incompressible data (so reads hit real blocks) and proves to be its
+own before every write (scratch.py). Writes to a block device pass the safety guard
+(guard.py) and hold the device exclusively for the run, or nothing is written. Every job a
+target prepares names the inode that was checked, and the engine opens nothing else.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import struct
+from dataclasses import replace
+from pathlib import Path
+
+from qual import engine
+from qual.engine import IoJob, NoSpace, TargetUnavailable
+from qual.target import scratch
+from qual.target.guard import Refusal, UnsafeTarget, guard_refusals
+from qual.target.identity import DeviceStat, Identity, device_stat, read_identity
+from qual.target.scratch import fsync_dir, marker_path
+from qual.units import format_size
+
+__all__ = ["DEFAULT_TARGET", "SCRATCH_NAME", "DeviceStat", "Identity", "Refusal", "Target",
+           "UnsafeTarget", "device_stat", "fsync_dir", "guard_refusals", "marker_path"]
+
+DEFAULT_TARGET = ".qual/target.dat"
+SCRATCH_NAME = "qual-target.dat"
+FILL_BLOCK = 1 << 20
+FILL_DEPTH = 8
+FILL_SEED = 0x7175616C  # "qual"
+SPACE_RESERVE = 64 << 20  # never fill a filesystem to the last byte
+
+_BLKGETSIZE64 = 0x80081272
+_BLKSSZGET = 0x1268
+
+
+def _locate(given: Path, default: bool) -> tuple[str, Path]:
+    """The kind of target a path names and the path qual uses: the real block device node or
+    directory (links resolved), or a file in the real folder by its own name (a link there is
+    never followed)."""
+    real = Path(os.path.realpath(given))
+    try:
+        st = os.stat(given)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise TargetUnavailable(e.errno, f"cannot stat: {e.strerror}", target=str(given)) from None
+    if st is not None and stat.S_ISBLK(st.st_mode):
+        return "block", real
+    if real == Path("/dev") or Path("/dev") in real.parents:
+        why = "does not exist" if st is None else "is not a block device"
+        raise TargetUnavailable(errno.ENODEV, f"{why}: under /dev only an existing block device "
+                                "is a target, and qual never creates files there",
+                                target=str(given))
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return "directory", real / SCRATCH_NAME
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise TargetUnavailable(errno.ENOTSUP, "is neither a file, a directory nor a block "
+                                               "device", target=str(given))
+    folder = Path(os.path.realpath(given.parent))
+    if not folder.is_dir() and not default:
+        raise TargetUnavailable(errno.ENOENT, f"directory {given.parent} does not exist",
+                                target=str(given))
+    return "file", folder / given.name
+
+
+class Target:
+    """A file, a directory (scratch file inside) or a block device under qualification."""
+
+    def __init__(self, spec: str | os.PathLike | None = None, *, allow_destructive: bool = False,
+                 confirm_serial: str | list[str] | None = None):
+        self.spec = str(spec) if spec is not None else DEFAULT_TARGET
+        self.allow_destructive = allow_destructive
+        self.confirm_serial = confirm_serial
+        self.progress = None  # where long preparations (the fill) say how far they are
+        self._default = spec is None  # .qual/ is made when the scratch file is first needed
+        self.inode: tuple[int, int] | None = None  # what prepared jobs may open (checked)
+        self._claim_fd: int | None = None  # a block device held exclusively for writes
+        self._lock_fd: int | None = None
+        self.kind, self.path = _locate(Path(self.spec), self._default)
+        self._check_access()
+        existing = self._existing()
+        st = existing.stat()
+        self.dev = st.st_rdev if self.kind == "block" else st.st_dev
+        self.identity = read_identity(self.dev, is_block_target=self.kind == "block",
+                                      path=existing)
+        if self.kind != "block" and self.identity.filesystem == "devtmpfs":
+            raise TargetUnavailable(errno.ENODEV, "is on devtmpfs (/dev) but is not a block "
+                                    "device: qual never creates files there", target=self.spec)
+
+    def _existing(self) -> Path:
+        """The block device, or the nearest existing folder of a file or scratch file: what the
+        target's identity and free space are read from (never through the file, which may be
+        a link to elsewhere)."""
+        if self.kind == "block":
+            return self.path
+        p = self.path.parent
+        while not p.exists():
+            p = p.parent
+        return p
+
+    def __repr__(self) -> str:
+        return f"Target({self.spec!r}, kind={self.kind}, {self.identity.label()})"
+
+    def _check_access(self) -> None:
+        probe = self._existing()
+        if not os.access(probe, os.R_OK):
+            raise TargetUnavailable(errno.EACCES, "is not readable", target=str(probe))
+
+    # ---- facts about the target
+
+    def _ioctl(self, request: int, fmt: str) -> int:
+        """An ioctl on the block device, its failure a TargetUnavailable."""
+        try:
+            with open(self.path, "rb") as f:
+                buf = fcntl.ioctl(f.fileno(), request, b"\0" * struct.calcsize(fmt))
+        except OSError as e:
+            raise TargetUnavailable(e.errno, f"cannot query the device: {e.strerror}",
+                                    target=self.spec) from None
+        return struct.unpack(fmt, buf)[0]
+
+    @property
+    def capacity(self) -> int:
+        """Bytes a job may address: the device's size, or the scratch file's possible size."""
+        if self.kind == "block":
+            return self._ioctl(_BLKGETSIZE64, "Q")
+        existing = self.path.stat().st_size if self.path.exists() else 0
+        free = shutil.disk_usage(self._existing()).free
+        return existing + max(0, free - SPACE_RESERVE)
+
+    @property
+    def align(self) -> int:
+        """Offset and length alignment for O_DIRECT: the logical block size, or what statx says."""
+        if self.kind == "block":
+            return self._ioctl(_BLKSSZGET, "i")
+        align = self.identity.logical_block_size
+        if self.path.exists():
+            reported = engine.dio_alignment(str(self.path))
+            if reported:
+                align = max(align, reported[1])
+        return align
+
+    @property
+    def directory(self) -> Path | None:
+        """The folder a file-based workload (checkpoints, datasets) works in: the directory
+        target itself, or the file target's folder; None for a block device."""
+        if self.kind == "block":
+            return None
+        return self.path.parent
+
+    def device_stat(self) -> DeviceStat | None:
+        return device_stat(self.dev)
+
+    def owned(self) -> bool:
+        return self.kind != "block" and scratch.prove(self.path) is not None
+
+    # ---- preparing for I/O
+
+    def ensure_data(self, size: int) -> None:
+        """Make [0, size) hold real data written once, so reads hit real blocks; afterwards
+        `inode` names what jobs may open."""
+        if size > self.capacity:
+            raise NoSpace(errno.ENOSPC, f"needs {format_size(size)}, target offers "
+                                        f"{format_size(self.capacity)}", target=self.spec)
+        if self.kind == "block":
+            st = os.stat(self.path)
+            self.inode = (st.st_dev, st.st_ino)
+            return
+        owned = scratch.prove(self.path)
+        if owned is None and os.path.lexists(self.path):
+            self.inode = self._check_foreign_file(size)
+            return
+        if owned is None:
+            if self._default:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            owned = scratch.create(self.path)
+        self.inode = owned.inode
+        if owned.written >= size:
+            return
+        start = owned.written // FILL_BLOCK * FILL_BLOCK
+        end = -(-size // FILL_BLOCK) * FILL_BLOCK
+
+        def filled(done: int, _ops: int, seconds: float) -> None:
+            if self.progress:
+                self.progress(f"filling {self.path}: {format_size(start + done)} of "
+                              f"{format_size(end)} ({done / max(seconds, 1e-9) / 2**20:.0f} MiB/s)")
+
+        engine.run_job(IoJob(target=str(self.path), op="write", pattern="sequential",
+                             block_size=FILL_BLOCK, queue_depth=FILL_DEPTH, offset=start,
+                             size=end - start, bytes=end - start, seed=FILL_SEED,
+                             align=self.align, expect=owned.inode),
+                       progress=filled, interval=5.0)
+        scratch.mark(owned, end)
+
+    def _check_foreign_file(self, size: int) -> tuple[int, int]:
+        """A file qual did not create, to be read only: a regular file, big enough, not
+        sparse. Returns its inode."""
+        st = scratch.check_regular(self.path, "file")
+        if st.st_size < size:
+            raise TargetUnavailable(errno.EINVAL, f"holds {format_size(st.st_size)}, the job "
+                                    f"needs {format_size(size)}; qual does not extend files it "
+                                    "did not create", target=self.spec)
+        if st.st_blocks * 512 < size:
+            raise TargetUnavailable(errno.EINVAL, "is sparse: reads of holes never reach the "
+                                    "device; give a fully written file or a directory",
+                                    target=self.spec)
+        return st.st_dev, st.st_ino
+
+    def ensure_writable(self, size: int) -> None:
+        """Check that qual may write [0, size) here, before any byte is written: the guard and
+        the exclusive hold for a block device, qual's proof of ownership for a file."""
+        if self.kind == "block":
+            refusals = guard_refusals(str(self.path), self.identity,
+                                      allow_destructive=self.allow_destructive,
+                                      confirm_serial=self.confirm_serial)
+            if refusals:
+                raise UnsafeTarget(self.spec, refusals)
+            self.claim()
+        elif os.path.lexists(self.path) and scratch.prove(self.path) is None:
+            raise TargetUnavailable(errno.EPERM, "was not created by qual, or qual cannot prove "
+                                    "it was (a link, another file, a forged marker); qual writes "
+                                    "only files it created (give a directory or a new file name)",
+                                    target=self.spec)
+        # writes overwrite allocated blocks: allocation is not what a drive is qualified on
+        self.ensure_data(size)
+
+    def claim(self) -> None:
+        """Hold the block device exclusively (O_EXCL) until unlock(): one open for every job,
+        worker and suite of the run, so the kernel refuses a mount or another exclusive user
+        meanwhile, and refuses this claim while the device is in use."""
+        if self._claim_fd is not None:
+            return
+        try:
+            self._claim_fd = os.open(self.path, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
+        except OSError as e:
+            why = "is in use (mounted or held): exclusive open refused" if e.errno == errno.EBUSY \
+                else f"cannot open exclusively: {e.strerror}"
+            raise TargetUnavailable(e.errno, why, target=self.spec) from None
+
+    def job(self, **kw) -> IoJob:
+        """An IoJob on this target, aligned to it. Building it validates the parameters;
+        nothing is read or written until prepare() has checked the target."""
+        kw.setdefault("align", self.align)
+        return IoJob(target=str(self.path), **kw)
+
+    def prepare(self, job: IoJob) -> IoJob:
+        """Make the job's region ready (real data under reads, the guard passed for writes) and
+        return the job bound to the inode that was checked: the engine opens nothing else."""
+        home = self.path if self.kind == "block" else self.path.parent
+        if not home.exists() and not self._default:
+            raise TargetUnavailable(errno.ENOENT, f"vanished: {home} no longer exists",
+                                    target=self.spec)
+        end = job.offset + job.size
+        if job.op == "write":
+            self.ensure_writable(end)
+        else:
+            self.ensure_data(end)
+        return replace(job, expect=self.inode)
+
+    @property
+    def lock_file(self) -> Path:
+        """Beside a file target: held (flock) by the run that qualifies it."""
+        return self.path.with_name(f".{self.path.name}.qual.lock")
+
+    def lock(self) -> None:
+        """Hold the target for this process: a second qual run on it is refused at once, since
+        two runs on one drive would measure each other."""
+        try:
+            if self.kind == "block":
+                self._lock_path = None
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            else:
+                self._lock_path = self.lock_file
+                if self._default:
+                    self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise TargetUnavailable(e.errno, f"cannot open: {e.strerror}", target=self.spec) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise TargetUnavailable(errno.EBUSY, "another qual run holds this target",
+                                    target=self.spec) from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Let go of the target: the lock, and the exclusive hold of a block device."""
+        if self._claim_fd is not None:
+            os.close(self._claim_fd)
+            self._claim_fd = None
+        if self._lock_fd is None:
+            return
+        if self._lock_path is not None:
+            self._lock_path.unlink(missing_ok=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def cleanup(self) -> None:
+        """Remove the scratch file, only if qual provably created it, and the lock file a
+        killed run left behind (a regular file no process holds)."""
+        if self.kind == "block":
+            return
+        owned = scratch.prove(self.path)
+        if owned is not None:
+            scratch.remove(owned)
+        lock = self.lock_file
+        if lock.exists() and getattr(self, "_lock_path", None) != lock:
+            try:
+                fd = scratch.open_nofollow(lock, os.O_RDWR)
+            except OSError:
+                return
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    lock.unlink()  # nobody holds it: a leftover
+            except BlockingIOError:
+                pass  # a live run holds it
+            finally:
+                os.close(fd)
