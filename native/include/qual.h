@@ -128,6 +128,8 @@ struct qual_job {
     uint64_t bytes;           /* bound: total bytes over all workers, a whole number of
                                  blocks (QUAL_UNBOUNDED: none) */
     uint64_t runtime_ns;      /* bound: wall time (QUAL_UNBOUNDED: none) */
+    uint64_t command_timeout_ns; /* an I/O outstanding this long is a stall: the job ends with
+                                 -ETIMEDOUT naming it (0: NVMe's default, 30 s) */
     uint64_t seed;            /* random offsets, write data and the verification pattern */
     struct qual_fault *faults;
     uint32_t nfaults;

@@ -13,9 +13,12 @@ int qual_fcache_close(struct qual_fcache *c)
 {
     if (!c)
         return 0;
-    ring_close(c->ring);
+    int wedged = c->q && ioq_wedged(c->q);
+    ioq_close(c->q);
     if (c->fd >= 0)
         close(c->fd);
+    if (wedged)
+        return 0; /* the kernel still reads into the cache's memory: leave all of it be */
     free(c->path);
     free(c->slot_of);
     free(c->window);
@@ -97,12 +100,19 @@ int qual_fcache_open(const struct qual_fcache_opts *o, struct qual_fcache **out)
     rc = resolve_backend(o->backend, &c->backend);
     if (rc)
         goto fail;
-    if (c->backend == QUAL_BACKEND_IO_URING) {
-        /* opened on one thread, used by whichever thread gathers */
-        rc = ring_open(&c->ring, c->fd, o->queue_depth, 0, o->page_size, 0);
-        if (rc)
-            goto fail;
-    }
+    struct ioq_opts qo = {
+        .backend = c->backend,
+        .fd = c->fd,
+        .depth = c->backend == QUAL_BACKEND_IO_URING ? o->queue_depth : 1,
+        .buf_len = 0, /* reads land in the cache's slots */
+        .submit_batch = 0,
+        .deadline_ns = QUAL_UNBOUNDED,
+        .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
+        .single_issuer = 0, /* opened on one thread, used by whichever thread gathers */
+    };
+    rc = ioq_open(&c->q, &qo);
+    if (rc)
+        goto fail;
     *out = c;
     return 0;
 fail:
@@ -195,6 +205,40 @@ int qual_fcache_window(struct qual_fcache *c, const int64_t *rows, uint64_t n, i
     return 0;
 }
 
+/* Filling the CPU buffer: row i of the list is read whole into a queue buffer, and its
+ * bytes copied to buffer row i. */
+struct cpu_fill {
+    struct qual_fcache *c;
+    const int64_t *rows;
+    uint64_t n;
+    unsigned char *buffer;
+    uint64_t next;
+};
+
+static int cpu_fill_next(void *ctx, struct ioq_io *io)
+{
+    struct cpu_fill *f = ctx;
+    if (f->next >= f->n)
+        return 0;
+    io->op = QUAL_OP_READ;
+    io->off = (uint64_t)f->rows[f->next] * f->c->o.row_stride;
+    io->len = f->c->o.row_stride;
+    io->tag = f->next++;
+    return 1;
+}
+
+static int cpu_fill_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns)
+{
+    (void)lat_ns;
+    struct cpu_fill *f = ctx;
+    if (res != (int64_t)io->len)
+        return qual_set_error(res < 0 ? (int)res : -EIO, "reading row %lld for the CPU buffer: "
+                              "%s", (long long)f->rows[io->tag],
+                              res < 0 ? strerror((int)-res) : "short read");
+    memcpy(f->buffer + io->tag * f->c->o.row_bytes, io->buf, f->c->o.row_bytes);
+    return 0;
+}
+
 int qual_fcache_set_cpu_buffer(struct qual_fcache *c, const int64_t *rows, uint64_t n,
                                void *buffer)
 {
@@ -211,27 +255,31 @@ int qual_fcache_set_cpu_buffer(struct qual_fcache *c, const int64_t *rows, uint6
     memset(c->cpu_row, 0xff, c->o.rows * sizeof(*c->cpu_row));
     c->cpu_buf = NULL;
     /* fill it from the store directly, not through the cache (no cache pages, no counters) */
-    void *bounce = NULL;
-    size_t align = c->o.page_size < 4096 ? 4096 : c->o.page_size;
-    if (posix_memalign(&bounce, align, c->o.row_stride))
-        return qual_set_error(-ENOMEM, "no memory for a bounce buffer");
-    for (uint64_t i = 0; i < n; i++) {
-        off_t off = (off_t)((uint64_t)rows[i] * c->o.row_stride);
-        ssize_t got;
-        do {
-            got = pread(c->fd, bounce, c->o.row_stride, off);
-        } while (got < 0 && errno == EINTR);
-        if (got != (ssize_t)c->o.row_stride) {
-            rc = qual_set_error(got < 0 ? -errno : -EIO, "reading row %lld for the CPU buffer: %s",
-                                (long long)rows[i], got < 0 ? strerror(errno) : "short read");
-            free(bounce);
-            memset(c->cpu_row, 0xff, c->o.rows * sizeof(*c->cpu_row));
-            return rc;
-        }
-        memcpy((unsigned char *)buffer + i * c->o.row_bytes, bounce, c->o.row_bytes);
-        c->cpu_row[rows[i]] = (int64_t)i;
+    struct cpu_fill f = {c, rows, n, buffer, 0};
+    struct ioq_opts qo = {
+        .backend = c->backend,
+        .fd = c->fd,
+        .depth = c->backend == QUAL_BACKEND_IO_URING ? c->o.queue_depth : 1,
+        .buf_len = c->o.row_stride,
+        .align = c->o.page_size,
+        .submit_batch = 0,
+        .deadline_ns = QUAL_UNBOUNDED,
+        .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
+        .single_issuer = 1,
+    };
+    struct ioq *q;
+    rc = ioq_open(&q, &qo);
+    if (!rc) {
+        struct ioq_client cl = {&f, cpu_fill_next, cpu_fill_done};
+        rc = ioq_run(q, &cl);
+        ioq_close(q);
     }
-    free(bounce);
+    if (rc) {
+        memset(c->cpu_row, 0xff, c->o.rows * sizeof(*c->cpu_row));
+        return rc;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        c->cpu_row[rows[i]] = (int64_t)i;
     c->cpu_buf = buffer;
     return 0;
 }

@@ -16,7 +16,9 @@ struct ckpt_run {
     struct qual_ctl *ctl;
     struct qual_ckpt_result *res;
     int fd;
+    int op;
     uint64_t nchunks;
+    uint64_t next;            /* the next chunk to hand to the queue */
 };
 
 static int fail(struct ckpt_run *c, int err, int op, uint64_t off, const char *fmt, ...)
@@ -140,12 +142,6 @@ static int land(struct ckpt_run *c, int op, unsigned char *buf, uint64_t k, int6
 {
     const struct qual_ckpt_file *f = c->f;
     uint64_t lo = k * f->chunk_size, len = chunk_len(c, k);
-    if (f->nfaults) {
-        uint64_t delay = 0;
-        res = fault_apply(f->faults, f->nfaults, op, lo, (uint32_t)len, res, &delay);
-        if (delay)
-            fault_delay(delay);
-    }
     const char *what = op == QUAL_OP_WRITE ? "write" : "read";
     if (res < 0)
         return fail(c, (int)res, op, lo, "%s of checkpoint chunk at offset %llu failed: %s", what,
@@ -167,101 +163,56 @@ static int land(struct ckpt_run *c, int op, unsigned char *buf, uint64_t k, int6
     return 0;
 }
 
-static int cancelled(struct ckpt_run *c)
+/* The queue asks for the next chunk: staged for a write, an empty buffer for a read. */
+static int chunk_next(void *ctx, struct ioq_io *io)
 {
-    if (__atomic_load_n(&c->ctl->cancel, __ATOMIC_RELAXED))
-        return fail(c, -ECANCELED, -1, 0, "cancelled");
-    return 0;
+    struct ckpt_run *c = ctx;
+    if (c->next >= c->nchunks)
+        return 0;
+    uint64_t k = c->next++;
+    if (c->op == QUAL_OP_WRITE)
+        stage(c, io->buf, k);
+    io->op = c->op;
+    io->off = k * c->f->chunk_size;
+    io->len = (uint32_t)chunk_len(c, k);
+    io->tag = k;
+    return 1;
 }
 
-/* io_uring: up to queue_depth chunks in flight; each is handed to the kernel as soon as it is
- * staged, so the device works while the next one is filled. */
-static int run_uring(struct ckpt_run *c, int op)
+static int chunk_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns)
 {
-    const struct qual_ckpt_file *f = c->f;
-    unsigned depth = f->queue_depth;
-    if (depth > c->nchunks)
-        depth = (unsigned)c->nchunks;
-    struct ring *r = NULL;
-    int rc = ring_open(&r, c->fd, depth, f->chunk_size, f->align, 1);
-    uint64_t *chunk_of = calloc(depth, sizeof(*chunk_of));
-    unsigned *free_slots = calloc(depth, sizeof(*free_slots));
-    if (rc || !chunk_of || !free_slots) {
-        rc = fail(c, rc ? rc : -ENOMEM, -1, 0, "%s", rc ? qual_last_error() : "no memory");
-        goto out;
-    }
-    for (unsigned i = 0; i < depth; i++)
-        free_slots[i] = i;
-    unsigned nfree = depth, inflight = 0;
-    uint64_t next = 0;
-    int broken = 0;    /* after an error or a cancel: queue nothing more */
-    int wait_only = 0; /* after a submission error: only bring back what the kernel took */
-    for (;;) {
-        while (!broken && inflight < depth && next < c->nchunks) {
-            if (cancelled(c)) {
-                broken = 1;
-                break;
-            }
-            unsigned slot = free_slots[--nfree];
-            chunk_of[slot] = next;
-            if (op == QUAL_OP_WRITE)
-                stage(c, ring_buf(r, slot), next);
-            ring_queue(r, op, slot, next * f->chunk_size, (uint32_t)chunk_len(c, next));
-            inflight++;
-            next++;
-            if (inflight < depth && next < c->nchunks && (rc = ring_submit(r, 0)) != 0) {
-                fail(c, rc, op, 0, "%s", qual_last_error());
-                broken = wait_only = 1;
-            }
-        }
-        if (inflight == 0 || (wait_only && inflight == ring_pending(r)))
-            break; /* done, or what is left was never taken by the kernel */
-        rc = wait_only ? ring_wait(r) : ring_submit(r, 1);
-        if (rc) {
-            fail(c, rc, op, 0, "%s", qual_last_error());
-            broken = wait_only = 1;
-        }
-        uint64_t slot;
-        int32_t res;
-        while (ring_reap(r, &slot, &res)) {
-            if (land(c, op, ring_buf(r, (unsigned)slot), chunk_of[slot], res))
-                broken = 1;
-            free_slots[nfree++] = (unsigned)slot;
-            inflight--;
-        }
-    }
-out:
-    ring_close(r);
-    free(chunk_of);
-    free(free_slots);
-    return c->res->error;
+    (void)lat_ns;
+    return land(ctx, io->op, io->buf, io->tag, res);
 }
 
-/* psync: one chunk at a time through an aligned staging buffer. */
-static int run_psync(struct ckpt_run *c, int op)
+/* Every chunk through the queue: up to queue_depth in flight, each handed to the kernel as
+ * soon as it is staged, so the device works while the next one is filled. */
+static void run_queue(struct ckpt_run *c, int backend)
 {
     const struct qual_ckpt_file *f = c->f;
-    void *buf = NULL;
-    size_t align = f->align > 4096 ? f->align : 4096;
-    int rc = posix_memalign(&buf, align, f->chunk_size);
+    struct ioq_opts o = {
+        .backend = backend,
+        .fd = c->fd,
+        .depth = f->queue_depth < c->nchunks ? f->queue_depth : (unsigned)c->nchunks,
+        .buf_len = f->chunk_size,
+        .align = f->align,
+        .submit_batch = 1,
+        .deadline_ns = QUAL_UNBOUNDED,
+        .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
+        .cancel = &c->ctl->cancel,
+        .faults = f->faults,
+        .nfaults = f->nfaults,
+        .single_issuer = 1,
+    };
+    struct ioq *q;
+    int rc = ioq_open(&q, &o);
+    if (!rc) {
+        struct ioq_client cl = {c, chunk_next, chunk_done};
+        rc = ioq_run(q, &cl);
+        ioq_close(q);
+    }
     if (rc)
-        return fail(c, -rc, -1, 0, "cannot allocate a %u-byte staging buffer", f->chunk_size);
-    for (uint64_t k = 0; k < c->nchunks; k++) {
-        if (cancelled(c))
-            break;
-        uint64_t lo = k * f->chunk_size, len = chunk_len(c, k);
-        if (op == QUAL_OP_WRITE)
-            stage(c, buf, k);
-        ssize_t n;
-        do {
-            n = op == QUAL_OP_WRITE ? pwrite(c->fd, buf, len, (off_t)lo)
-                                    : pread(c->fd, buf, len, (off_t)lo);
-        } while (n < 0 && errno == EINTR);
-        if (land(c, op, buf, k, n < 0 ? -(int64_t)errno : (int64_t)n))
-            break;
-    }
-    free(buf);
-    return c->res->error;
+        fail(c, rc, c->res->error_op, 0, "%s", qual_last_error());
 }
 
 static int run(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
@@ -271,7 +222,7 @@ static int run(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
         return qual_set_error(-EINVAL, "file, ctl or result is NULL");
     memset(res, 0, sizeof(*res));
     res->error_op = -1;
-    struct ckpt_run c = {f, ctl, res, -1, 0};
+    struct ckpt_run c = {f, ctl, res, -1, op, 0, 0};
     int rc = validate(f);
     if (rc)
         return fail(&c, rc, -1, 0, "%s", qual_last_error());
@@ -308,10 +259,8 @@ static int run(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
                  (long long)st.st_size, (unsigned long long)f->file_size);
     }
     if (!res->error) {
-        if (backend == QUAL_BACKEND_IO_URING)
-            run_uring(&c, op);
-        else
-            run_psync(&c, op);
+        c.op = op;
+        run_queue(&c, backend);
     }
     if (op == QUAL_OP_WRITE && !res->error) {
         uint64_t ts = now_ns();

@@ -25,10 +25,9 @@ static inline uint64_t now_ns(void)
 int target_open(const char *path, int flags, const struct qual_inode *expect, const char *op,
                 int *fd_out);
 
-/* ---- the backend to use for one asked for (auto: io_uring where it works, else psync) */
+/* ---- the backend to use for one asked for (auto: io_uring where it works, else psync),
+ * and the whole process's user and system CPU seconds so far (ioq.c) */
 int resolve_backend(int requested, int *chosen);
-
-/* ---- the whole process's user and system CPU seconds so far (job.c) */
 void process_cpu(double *user, double *sys);
 
 /* ---- PRNG (pattern.c): xoshiro256** seeded through splitmix64 */
@@ -52,91 +51,92 @@ int64_t fault_apply(struct qual_fault *faults, uint32_t nfaults, int op, uint64_
 /* Sleep for an injected delay. */
 void fault_delay(uint64_t ns);
 
-/* ---- a running job (job.c) */
-struct jobrun {
-    const struct qual_job *job;
-    struct qual_ctl *ctl;
-    int backend;
-    uint64_t deadline_ns;     /* QUAL_UNBOUNDED: no time bound */
-    int stop;                 /* atomic: set on error, cancel or bound */
-    int setup_failed;
-    pthread_mutex_t gate;     /* start gate: streams report ready, then wait for open */
-    pthread_cond_t gate_cv;
-    uint64_t ready;
-    int open;
-    pthread_mutex_t lock;     /* guards the first error */
-    int error;
-    int error_op;
-    uint64_t error_offset;
-    char error_msg[256];
-};
-
-/* One worker: an open descriptor and a share of the job (a sequential slice, or a random
- * stream over the whole region), served by one ring or by queue_depth psync threads. */
-struct worker {
-    struct jobrun *run;
-    unsigned index;
-    int fd;
-    uint64_t lo;              /* first byte of the worker's range */
-    uint64_t nblocks;         /* blocks in the worker's range */
-    uint64_t quota;           /* blocks this worker may issue (0: none; QUAL_UNBOUNDED: no
-                                 byte bound) */
-    uint64_t claimed;         /* atomic: blocks issued so far */
-    uint64_t write_seq;       /* atomic: write sequence for stamp_write */
-};
-
-/* One stream of I/Os with its own accounting: a ring thread, or one psync thread. */
-struct stream {
-    struct jobrun *run;
-    struct worker *w;
-    unsigned lane;
-    struct rng rng;
-    uint64_t bytes;
-    uint64_t ops;
-    struct qual_hist hist;
-};
-
-/* Claim the next I/O of the stream: 1 and its offset, or 0 when the stream must stop. */
-int job_claim(struct stream *s, uint64_t *off);
-/* Account a completed I/O (res = bytes transferred or -errno). 0, or -errno after recording
- * the job's failure. buf holds the data for a read (checked in verify mode). */
-int job_complete(struct stream *s, int op, uint64_t off, int64_t res, uint64_t lat_ns,
-                 const void *buf);
-/* Record the job's first failure and make every stream stop; returns err. */
-int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-int job_stopping(struct jobrun *run);
-/* Prepare the buffer of a write at off (pattern in verify mode, else a unique stamp). */
-void job_prepare_write(struct stream *s, void *buf, uint64_t off);
-
 /* ---- CRC32C (crc32c.c): standard init and final xor, so crc32c(crc32c(0, a), b) covers a+b */
 uint32_t crc32c(uint32_t crc, const void *buf, uint64_t len);
 
-/* ---- io_uring primitives (ring.c): a ring on one descriptor with `depth` registered buffers
- * of buf_len bytes; slot i uses buffer i and completes with user_data i */
-struct ring;
-int ring_open(struct ring **out, int target_fd, unsigned depth, size_t buf_len, size_t align,
-              int single_issuer);
-void ring_close(struct ring *r);
-int ring_set_file(struct ring *r, int target_fd); /* point the ring at another descriptor */
-void *ring_buf(struct ring *r, unsigned slot);
-void ring_queue(struct ring *r, int op, unsigned slot, uint64_t off, uint32_t len);
-unsigned ring_pending(const struct ring *r);    /* queued, not yet taken by the kernel */
-int ring_submit(struct ring *r, unsigned wait);  /* hand over the queue; wait for 1 if asked */
-int ring_wait(struct ring *r);                   /* wait for a completion, submit nothing */
-int ring_reap(struct ring *r, uint64_t *user_data, int32_t *res); /* 1 and a completion, or 0 */
-/* A vectored read or write into the caller's memory (buf_len 0 at ring_open: no ring buffers). */
+/* ---- the one I/O queue (ioq.c; backends ioq_uring.c and ioq_psync.c, which are leaves).
+ * The queue owns every in-flight I/O: its slot, buffer, submission, reaping, completion time,
+ * fault injection, drain on error, deadline, cancel, back-off and stall. A client says what to
+ * do next (next) and what a completion means (done); both are called on the thread that runs
+ * the queue, never concurrently. No client calls the kernel's I/O itself. */
 struct iovec;
-void ring_queue_vec(struct ring *r, int op, uint64_t user_data, const struct iovec *iov,
-                    unsigned nvec, uint64_t off);
 
-/* ---- backends: set up (before the start barrier), then run until job_claim says stop */
-struct ring_state;
-int ring_setup(struct stream *s, struct ring_state **out);
-int ring_run(struct stream *s, struct ring_state *rs);
-void ring_teardown(struct ring_state *rs);
+struct ioq_io {
+    int op;                   /* QUAL_OP_READ or QUAL_OP_WRITE */
+    uint64_t off;
+    uint32_t len;             /* bytes (a vector: their sum) */
+    void *buf;                /* on next(): the slot's own buffer (NULL without queue buffers);
+                                 the client may point it at memory of its own */
+    const struct iovec *iov;  /* or a vector of the client's memory (then buf is unused) */
+    unsigned nvec;
+    uint64_t tag;             /* the client's */
+    /* the queue's */
+    unsigned slot;
+    uint64_t t_submit;        /* CLOCK_MONOTONIC ns when handed over (latency, stall) */
+    uint64_t t_first;         /* when first handed over (back-off on EAGAIN) */
+    unsigned retries;
+};
 
-int psync_setup(struct stream *s, void **buf);
-int psync_run(struct stream *s, void *buf);
+struct ioq_client {
+    void *ctx;
+    /* The next I/O into *io: 1 when filled, 0 when there is nothing more to do, or a negative
+     * errno (with qual_set_error) to stop. */
+    int (*next)(void *ctx, struct ioq_io *io);
+    /* A completion: res is the bytes moved or -errno (faults applied), lat_ns its latency.
+     * 0 to go on, or a negative errno to stop; what is in flight then drains. */
+    int (*done)(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns);
+};
+
+struct ioq_opts {
+    int backend;              /* resolved: QUAL_BACKEND_IO_URING or QUAL_BACKEND_PSYNC */
+    int fd;
+    unsigned depth;           /* I/Os in flight at most */
+    size_t buf_len;           /* the queue's buffer per slot (0: the client brings memory) */
+    size_t align;             /* of those buffers */
+    unsigned submit_batch;    /* io_uring: I/Os per submission (0: all that are ready) */
+    uint64_t deadline_ns;     /* issue nothing after this CLOCK_MONOTONIC time (QUAL_UNBOUNDED) */
+    uint64_t stall_ns;        /* an I/O outstanding this long ends the run (-ETIMEDOUT) */
+    const int *cancel;        /* the caller's cancel flag (may be NULL) */
+    struct qual_fault *faults;
+    uint32_t nfaults;
+    int single_issuer;        /* io_uring: only the opening thread will run the queue */
+};
+
+/* An I/O outstanding this long is a stall, where the caller gives no timeout: NVMe's own
+ * default command timeout (the nvme driver's io_timeout, 30 s). */
+#define QUAL_COMMAND_TIMEOUT_NS (30ull * 1000000000ull)
+
+struct ioq;
+int ioq_open(struct ioq **out, const struct ioq_opts *o);
+/* Point the queue at another descriptor, deadline or cancel flag (between runs). */
+int ioq_set_fd(struct ioq *q, int fd);
+void ioq_set_deadline(struct ioq *q, uint64_t deadline_ns);
+void ioq_set_cancel(struct ioq *q, const int *cancel);
+void *ioq_buf(struct ioq *q, unsigned slot);
+/* Run until next() has nothing more and nothing is in flight: 0, or the first failure (the
+ * client's, the backend's, -ECANCELED, -ETIMEDOUT for a stall) with qual_last_error() set. */
+int ioq_run(struct ioq *q, const struct ioq_client *c);
+/* Close; after a stall the kernel still owns I/Os and their memory, which is then left be. */
+void ioq_close(struct ioq *q);
+/* 1 when a stall or cancel left I/Os with the kernel: their memory must not be freed. */
+int ioq_wedged(const struct ioq *q);
+
+/* ---- backends: leaves of the queue */
+struct ioq_backend {
+    int (*open)(struct ioq *q, void **state);
+    int (*set_fd)(void *state, int fd);
+    void (*queue)(void *state, struct ioq_io *io);  /* stage one I/O */
+    /* Hand staged I/Os over (submit) and wait up to timeout_ns for a completion (wait):
+     * 0, -ETIME when the wait timed out, -EAGAIN/-EBUSY/-EINTR (try again) or -errno. */
+    int (*enter)(void *state, int submit, int wait, uint64_t timeout_ns);
+    int (*reap)(void *state, unsigned *slot, int64_t *res); /* 1 and a completion, or 0 */
+    unsigned (*pending)(void *state); /* staged, not yet taken by the kernel */
+    void (*close)(void *state, int wedged);
+};
+extern const struct ioq_backend ioq_uring_backend;
+extern const struct ioq_backend ioq_psync_backend;
+/* The queue's view for a backend: its options and slot buffers. */
+const struct ioq_opts *ioq_opts_of(const struct ioq *q);
+void *ioq_bufs(const struct ioq *q, size_t *total);
 
 #endif

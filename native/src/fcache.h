@@ -11,7 +11,7 @@ struct qual_fcache {
     char *path;
     int fd;
     int backend;
-    struct ring *ring;        /* NULL with psync */
+    struct ioq *q;            /* reads into the slots (the cache's own memory) */
     uint64_t pages;           /* pages in the store */
     uint32_t row_pages;       /* pages a row spans */
     /* per store page */

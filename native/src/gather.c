@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 #include "fcache.h"
 
@@ -18,12 +17,45 @@ struct gather {
     uint64_t *miss;     /* pages to read in this round */
     uint64_t nmiss;
     struct iovec *iov;  /* one per missing page, in page order */
+    uint64_t next;      /* the first missing page not yet handed to the queue */
 };
 
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
+}
+
+/* The queue asks for the next run of adjacent missing pages, up to max_coalesce of them. */
+static int run_next(void *ctx, struct ioq_io *io)
+{
+    struct gather *g = ctx;
+    struct qual_fcache *c = g->c;
+    if (g->next >= g->nmiss)
+        return 0;
+    uint64_t len = 1;
+    while (g->next + len < g->nmiss && len < c->o.max_coalesce &&
+           g->miss[g->next + len] == g->miss[g->next] + len)
+        len++;
+    io->op = QUAL_OP_READ;
+    io->off = g->miss[g->next] * c->o.page_size;
+    io->iov = g->iov + g->next;
+    io->nvec = (unsigned)len;
+    io->len = (uint32_t)(len * c->o.page_size);
+    g->next += len;
+    c->st.reads++;
+    return 1;
+}
+
+static int run_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns)
+{
+    (void)lat_ns;
+    struct gather *g = ctx;
+    if (res == (int64_t)io->len)
+        return 0;
+    return qual_set_error(res < 0 ? (int)res : -EIO, "reading %u pages at offset %llu of %s: %s",
+                          io->nvec, (unsigned long long)io->off, g->c->path,
+                          res < 0 ? strerror((int)-res) : "short read");
 }
 
 /* Read this round's missing pages into their slots. */
@@ -39,59 +71,10 @@ static int read_misses(struct gather *g)
         g->iov[j].iov_len = ps;
     }
     uint64_t t0 = now_ns();
-    int rc = 0;
-    uint64_t next = 0;      /* first page not yet requested */
-    unsigned inflight = 0;
-    int wait_only = 0;
-    for (;;) {
-        /* queue runs of adjacent pages, up to max_coalesce each */
-        while (!rc && next < g->nmiss && inflight < c->o.queue_depth) {
-            uint64_t len = 1;
-            while (next + len < g->nmiss && len < c->o.max_coalesce &&
-                   g->miss[next + len] == g->miss[next] + len)
-                len++;
-            uint64_t off = g->miss[next] * ps;
-            c->st.reads++;
-            if (c->ring) {
-                /* user_data: the run's first page index and length */
-                ring_queue_vec(c->ring, QUAL_OP_READ, next << 16 | len, g->iov + next,
-                               (unsigned)len, off);
-                inflight++;
-            } else {
-                ssize_t n;
-                do {
-                    n = preadv(c->fd, g->iov + next, (int)len, (off_t)off);
-                } while (n < 0 && errno == EINTR);
-                if (n != (ssize_t)(len * ps))
-                    rc = qual_set_error(n < 0 ? -errno : -EIO, "reading %llu pages at offset %llu "
-                                        "of %s: %s", (unsigned long long)len,
-                                        (unsigned long long)off, c->path,
-                                        n < 0 ? strerror(errno) : "short read");
-            }
-            next += len;
-            if (__atomic_load_n(&g->ctl->cancel, __ATOMIC_RELAXED) && !rc)
-                rc = qual_set_error(-ECANCELED, "cancelled");
-        }
-        if (!c->ring || inflight == 0 || (wait_only && inflight == ring_pending(c->ring)))
-            break;
-        int src = wait_only ? ring_wait(c->ring) : ring_submit(c->ring, 1);
-        if (src) {
-            rc = rc ? rc : src;
-            wait_only = 1;
-        }
-        uint64_t ud;
-        int32_t res;
-        while (ring_reap(c->ring, &ud, &res)) {
-            inflight--;
-            uint64_t first = ud >> 16, len = ud & 0xffff;
-            if (res != (int32_t)(len * ps) && !rc) {
-                uint64_t off = g->miss[first] * ps;
-                rc = qual_set_error(res < 0 ? res : -EIO, "reading %llu pages at offset %llu of "
-                                    "%s: %s", (unsigned long long)len, (unsigned long long)off,
-                                    c->path, res < 0 ? strerror(-res) : "short read");
-            }
-        }
-    }
+    g->next = 0;
+    ioq_set_cancel(c->q, &g->ctl->cancel);
+    struct ioq_client cl = {g, run_next, run_done};
+    int rc = ioq_run(c->q, &cl);
     c->st.io_ns += now_ns() - t0;
     if (!rc)
         c->st.read_bytes += g->nmiss * ps;
@@ -149,7 +132,7 @@ int qual_fcache_gather(struct qual_fcache *c, const int64_t *rows, uint64_t n, v
             return qual_set_error(-EINVAL, "row %lld is outside the store's %llu rows",
                                   (long long)rows[i], (unsigned long long)c->o.rows);
     const uint32_t rp = c->row_pages;
-    struct gather g = {c, rows, dst, ctl, NULL, NULL, 0, NULL};
+    struct gather g = {c, rows, dst, ctl, NULL, NULL, 0, NULL, 0};
     g.slot = malloc((n ? n : 1) * rp * sizeof(*g.slot));
     g.miss = malloc((n ? n : 1) * rp * sizeof(*g.miss));
     g.iov = malloc((n ? n : 1) * rp * sizeof(*g.iov));

@@ -1,5 +1,7 @@
-/* job.c — runs one I/O job: validates it, opens the target, starts the workers' streams on
- * the chosen backend, and turns their accounting into one qual_result. */
+/* job.c — runs one I/O job, a client of the queue (ioq.c): validates it, opens the target
+ * once per worker, gives each worker a queue and a share of the job (a sequential slice, or a
+ * random stream over the whole region, and its share of the byte bound), and turns their
+ * accounting into one qual_result. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -7,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,12 +24,48 @@ static const char *op_name(int op)
     return op == QUAL_OP_WRITE ? "write" : "read";
 }
 
-int job_stopping(struct jobrun *run)
-{
-    return __atomic_load_n(&run->stop, __ATOMIC_RELAXED);
-}
+/* A running job: what every worker shares. */
+struct jobrun {
+    const struct qual_job *job;
+    struct qual_ctl *ctl;
+    int backend;
+    uint64_t deadline_ns;     /* QUAL_UNBOUNDED: no time bound */
+    int stop;                 /* atomic: set on the first error, so every worker stops */
+    pthread_mutex_t gate;     /* start gate: workers report ready, then wait for open */
+    pthread_cond_t gate_cv;
+    unsigned ready;
+    int open;
+    int setup_failed;
+    pthread_mutex_t lock;     /* guards the first error */
+    int error;
+    int error_op;
+    uint64_t error_offset;
+    char error_msg[256];
+};
 
-int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt, ...)
+/* One worker: a descriptor, a queue, and its share of the job with its own accounting. */
+struct worker {
+    struct jobrun *run;
+    unsigned index;
+    pthread_t tid;
+    int started;
+    int fd;
+    struct ioq *q;
+    uint64_t lo;              /* first byte of the worker's range */
+    uint64_t nblocks;         /* blocks in the worker's range */
+    uint64_t quota;           /* blocks this worker may issue (QUAL_UNBOUNDED: no byte bound) */
+    uint64_t issued;
+    uint64_t write_seq;
+    struct rng rng;
+    uint64_t bytes;
+    uint64_t ops;
+    struct qual_hist hist;
+};
+
+static int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt, ...)
 {
     pthread_mutex_lock(&run->lock);
     if (run->error == 0) {
@@ -45,70 +82,52 @@ int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt,
     return err;
 }
 
-int job_claim(struct stream *s, uint64_t *off)
+/* The queue asks for the worker's next I/O. */
+static int worker_next(void *ctx, struct ioq_io *io)
 {
-    struct jobrun *run = s->run;
-    struct worker *w = s->w;
+    struct worker *w = ctx;
+    struct jobrun *run = w->run;
     const struct qual_job *job = run->job;
-
-    if (job_stopping(run))
+    if (__atomic_load_n(&run->stop, __ATOMIC_RELAXED) || w->issued >= w->quota)
         return 0;
-    if (__atomic_load_n(&run->ctl->cancel, __ATOMIC_RELAXED)) {
-        job_fail(run, -ECANCELED, -1, 0, "cancelled");
-        return 0;
-    }
-    if (run->deadline_ns != QUAL_UNBOUNDED && now_ns() >= run->deadline_ns)
-        return 0;
-    uint64_t k = __atomic_fetch_add(&w->claimed, 1, __ATOMIC_RELAXED);
-    if (k >= w->quota)
-        return 0;
-    uint64_t block = job->pattern == QUAL_RANDOM ? rng_below(&s->rng, w->nblocks)
+    uint64_t k = w->issued++;
+    uint64_t block = job->pattern == QUAL_RANDOM ? rng_below(&w->rng, w->nblocks)
                                                  : k % w->nblocks;
-    *off = w->lo + block * job->block_size;
+    io->op = job->op;
+    io->off = w->lo + block * job->block_size;
+    io->len = job->block_size;
+    if (job->op == QUAL_OP_WRITE) {
+        if (job->verify)
+            qual_pattern_fill(io->buf, job->block_size, job->seed, io->off);
+        else
+            stamp_write(io->buf, job->block_size, io->off, ++w->write_seq);
+    }
     return 1;
 }
 
-void job_prepare_write(struct stream *s, void *buf, uint64_t off)
+/* The queue brings a completion back. */
+static int worker_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns)
 {
-    const struct qual_job *job = s->run->job;
-    if (job->verify)
-        qual_pattern_fill(buf, job->block_size, job->seed, off);
-    else
-        stamp_write(buf, job->block_size, off,
-                    __atomic_add_fetch(&s->w->write_seq, 1, __ATOMIC_RELAXED));
-}
-
-int job_complete(struct stream *s, int op, uint64_t off, int64_t res, uint64_t lat_ns,
-                 const void *buf)
-{
-    struct jobrun *run = s->run;
+    struct worker *w = ctx;
+    struct jobrun *run = w->run;
     const struct qual_job *job = run->job;
-    uint32_t len = job->block_size;
-
-    if (job->nfaults) {
-        uint64_t delay = 0;
-        res = fault_apply(job->faults, job->nfaults, op, off, len, res, &delay);
-        if (delay) {
-            fault_delay(delay);
-            lat_ns += delay;
-        }
-    }
+    const uint32_t len = io->len;
     if (res < 0)
-        return job_fail(run, (int)res, op, off, "%s of %u bytes at offset %llu failed: %s",
-                        op_name(op), len, (unsigned long long)off, strerror((int)-res));
+        return job_fail(run, (int)res, io->op, io->off, "%s of %u bytes at offset %llu failed: %s",
+                        op_name(io->op), len, (unsigned long long)io->off, strerror((int)-res));
     if ((uint64_t)res != len)
-        return job_fail(run, -EIO, op, off, "short %s: %lld of %u bytes at offset %llu",
-                        op_name(op), (long long)res, len, (unsigned long long)off);
-    if (job->verify && op == QUAL_OP_READ) {
-        uint64_t bad = off;
-        if (qual_pattern_check(buf, len, job->seed, off, &bad) != 0)
-            return job_fail(run, -EBADMSG, op, bad,
+        return job_fail(run, -EIO, io->op, io->off, "short %s: %lld of %u bytes at offset %llu",
+                        op_name(io->op), (long long)res, len, (unsigned long long)io->off);
+    if (job->verify && io->op == QUAL_OP_READ) {
+        uint64_t bad = io->off;
+        if (qual_pattern_check(io->buf, len, job->seed, io->off, &bad) != 0)
+            return job_fail(run, -EBADMSG, io->op, bad,
                             "data read at offset %llu is not what was written there",
                             (unsigned long long)bad);
     }
-    qual_hist_record(&s->hist, lat_ns);
-    s->bytes += len;
-    s->ops++;
+    qual_hist_record(&w->hist, lat_ns);
+    w->bytes += len;
+    w->ops++;
     __atomic_add_fetch(&run->ctl->bytes_done, len, __ATOMIC_RELAXED);
     __atomic_add_fetch(&run->ctl->ops_done, 1, __ATOMIC_RELAXED);
     return 0;
@@ -166,21 +185,6 @@ static int validate(const struct qual_job *job)
     return 0;
 }
 
-int resolve_backend(int requested, int *chosen)
-{
-    *chosen = requested;
-    if (requested == QUAL_BACKEND_PSYNC)
-        return 0;
-    int probe = qual_io_uring_probe();
-    if (probe == 0)
-        *chosen = QUAL_BACKEND_IO_URING;
-    else if (requested == QUAL_BACKEND_AUTO)
-        *chosen = QUAL_BACKEND_PSYNC;
-    else
-        return qual_set_error(probe, "io_uring is unavailable here: %s", strerror(-probe));
-    return 0;
-}
-
 static int open_target(const struct qual_job *job, int *fd_out)
 {
     int flags = (job->op == QUAL_OP_WRITE ? O_WRONLY : O_RDONLY) | (job->direct ? O_DIRECT : 0);
@@ -212,23 +216,34 @@ static int check_extent(const struct qual_job *job, int fd)
     return 0;
 }
 
-struct thread_arg {
-    struct stream s;
-    pthread_t tid;
-    int started;
-};
-
-static void *stream_main(void *p)
+static void *worker_main(void *p)
 {
-    struct thread_arg *ta = p;
-    struct stream *s = &ta->s;
-    struct jobrun *run = s->run;
-    struct ring_state *rs = NULL;
-    void *buf = NULL;
-    int rc = run->backend == QUAL_BACKEND_IO_URING ? ring_setup(s, &rs) : psync_setup(s, &buf);
+    struct worker *w = p;
+    struct jobrun *run = w->run;
+    const struct qual_job *job = run->job;
+    struct ioq_opts o = {
+        .backend = run->backend,
+        .fd = w->fd,
+        .depth = job->queue_depth,
+        .buf_len = job->block_size,
+        .align = job->align,
+        .submit_batch = job->submit_batch,
+        .deadline_ns = QUAL_UNBOUNDED, /* set once every worker is ready */
+        .stall_ns = job->command_timeout_ns ? job->command_timeout_ns
+                                            : QUAL_COMMAND_TIMEOUT_NS,
+        .cancel = &run->ctl->cancel,
+        .faults = job->faults,
+        .nfaults = job->nfaults,
+        .single_issuer = 1,
+    };
+    int rc = ioq_open(&w->q, &o);
     if (rc) {
         job_fail(run, rc, -1, 0, "%s", qual_last_error());
         __atomic_store_n(&run->setup_failed, 1, __ATOMIC_RELAXED);
+    } else if (job->op == QUAL_OP_WRITE) {
+        for (unsigned i = 0; i < job->queue_depth; i++)
+            qual_fill_random(ioq_buf(w->q, i), job->block_size,
+                             job->seed ^ mix64(((uint64_t)w->index << 32) + i + 1));
     }
     pthread_mutex_lock(&run->gate);
     run->ready++;
@@ -237,23 +252,13 @@ static void *stream_main(void *p)
         pthread_cond_wait(&run->gate_cv, &run->gate);
     pthread_mutex_unlock(&run->gate);
     if (!__atomic_load_n(&run->setup_failed, __ATOMIC_RELAXED)) {
-        if (run->backend == QUAL_BACKEND_IO_URING)
-            ring_run(s, rs);
-        else
-            psync_run(s, buf);
+        struct ioq_client c = {w, worker_next, worker_done};
+        ioq_set_deadline(w->q, run->deadline_ns);
+        rc = ioq_run(w->q, &c);
+        if (rc)
+            job_fail(run, rc, -1, 0, "%s", qual_last_error());
     }
-    if (rs)
-        ring_teardown(rs);
-    free(buf);
     return NULL;
-}
-
-void process_cpu(double *user, double *sys)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    *user = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6;
-    *sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
 
 static void split_region(const struct qual_job *job, struct worker *workers)
@@ -289,17 +294,15 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     int rc = validate(job);
     if (rc)
         goto early;
-
     int backend;
     rc = resolve_backend(job->backend, &backend);
     if (rc)
         goto early;
     res->backend = backend;
-
-    uint32_t lanes = backend == QUAL_BACKEND_PSYNC ? job->queue_depth : 1;
-    uint64_t nthreads = (uint64_t)job->workers * lanes;
+    uint64_t nthreads = (uint64_t)job->workers * (backend == QUAL_BACKEND_PSYNC
+                                                  ? job->queue_depth + 1 : 1);
     if (nthreads > MAX_THREADS) {
-        rc = qual_set_error(-EINVAL, "psync needs workers x depth = %llu threads (max %u)",
+        rc = qual_set_error(-EINVAL, "psync needs workers x (depth + 1) = %llu threads (max %u)",
                             (unsigned long long)nthreads, MAX_THREADS);
         goto early;
     }
@@ -310,61 +313,46 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     run.ctl = ctl;
     run.backend = backend;
     run.error_op = -1;
+    run.deadline_ns = QUAL_UNBOUNDED;
     pthread_mutex_init(&run.lock, NULL);
+    pthread_mutex_init(&run.gate, NULL);
+    pthread_cond_init(&run.gate_cv, NULL);
 
     struct worker *workers = calloc(job->workers, sizeof(*workers));
-    struct thread_arg *threads = calloc(nthreads, sizeof(*threads));
-    if (!workers || !threads) {
-        free(workers);
-        free(threads);
-        pthread_mutex_destroy(&run.lock);
-        rc = qual_set_error(-ENOMEM, "no memory for %llu threads", (unsigned long long)nthreads);
-        goto early;
+    if (!workers) {
+        rc = qual_set_error(-ENOMEM, "no memory for %u workers", job->workers);
+        goto out;
     }
     split_region(job, workers);
     uint32_t opened = 0;
-    for (; opened < job->workers && rc == 0; opened++) {
-        workers[opened].run = &run;
-        workers[opened].index = opened;
-        rc = open_target(job, &workers[opened].fd);
-        if (rc == 0 && opened == 0) {
-            rc = check_extent(job, workers[0].fd);
-            if (rc)
-                close(workers[0].fd);
-        }
+    for (; opened < job->workers; opened++) {
+        struct worker *w = &workers[opened];
+        w->run = &run;
+        w->index = opened;
+        w->fd = -1;
+        rng_seed(&w->rng, job->seed ^ mix64(opened + 1));
+        qual_hist_init(&w->hist);
+        rc = open_target(job, &w->fd);
+        if (!rc && opened == 0)
+            rc = check_extent(job, w->fd);
         if (rc)
             break;
     }
-    if (rc) {
-        for (uint32_t i = 0; i < opened; i++)
-            close(workers[i].fd);
-        free(workers);
-        free(threads);
-        pthread_mutex_destroy(&run.lock);
-        goto early;
-    }
+    if (rc)
+        goto out;
 
-    pthread_mutex_init(&run.gate, NULL);
-    pthread_cond_init(&run.gate_cv, NULL);
-    uint64_t started = 0;
-    for (uint64_t t = 0; t < nthreads; t++) {
-        struct thread_arg *ta = &threads[t];
-        ta->s.run = &run;
-        ta->s.w = &workers[t / lanes];
-        ta->s.lane = (unsigned)(t % lanes);
-        rng_seed(&ta->s.rng, job->seed ^ mix64(t + 1));
-        qual_hist_init(&ta->s.hist);
-        int prc = pthread_create(&ta->tid, NULL, stream_main, ta);
+    unsigned started = 0;
+    for (uint32_t i = 0; i < job->workers; i++) {
+        int prc = pthread_create(&workers[i].tid, NULL, worker_main, &workers[i]);
         if (prc) {
-            job_fail(&run, -prc, -1, 0, "cannot start thread %llu: %s", (unsigned long long)t,
-                     strerror(prc));
+            job_fail(&run, -prc, -1, 0, "cannot start worker %u: %s", i, strerror(prc));
             __atomic_store_n(&run.setup_failed, 1, __ATOMIC_RELAXED);
             break;
         }
-        ta->started = 1;
+        workers[i].started = 1;
         started++;
     }
-    /* every started stream is set up (ring, buffers) before the clock starts */
+    /* every started worker is set up (queue, buffers) before the clock starts */
     pthread_mutex_lock(&run.gate);
     while (run.ready < started)
         pthread_cond_wait(&run.gate_cv, &run.gate);
@@ -376,11 +364,11 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     run.open = 1;
     pthread_cond_broadcast(&run.gate_cv);
     pthread_mutex_unlock(&run.gate);
-    for (uint64_t t = 0; t < nthreads; t++)
-        if (threads[t].started)
-            pthread_join(threads[t].tid, NULL);
+    for (uint32_t i = 0; i < job->workers; i++)
+        if (workers[i].started)
+            pthread_join(workers[i].tid, NULL);
 
-    if (job->op == QUAL_OP_WRITE && !run.setup_failed) {
+    if (job->op == QUAL_OP_WRITE && !run.error) {
         /* durability is part of a write's time: one fdatasync covers every descriptor of the
          * same file or device */
         if (fdatasync(workers[0].fd) != 0)
@@ -390,31 +378,38 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     uint64_t t_end = now_ns();
     double u1, s1;
     process_cpu(&u1, &s1);
-
-    for (uint64_t t = 0; t < nthreads; t++) {
-        res->bytes += threads[t].s.bytes;
-        res->ops += threads[t].s.ops;
-        qual_hist_merge(&res->lat, &threads[t].s.hist);
+    for (uint32_t i = 0; i < job->workers; i++) {
+        res->bytes += workers[i].bytes;
+        res->ops += workers[i].ops;
+        qual_hist_merge(&res->lat, &workers[i].hist);
     }
     res->elapsed_ns = t_end - t_start;
     res->cpu_user_s = u1 - u0;
     res->cpu_sys_s = s1 - s0;
-    res->error = run.error;
-    res->error_op = run.error_op;
-    res->error_offset = run.error_offset;
-    memcpy(res->error_msg, run.error_msg, sizeof(res->error_msg));
-    if (run.error)
-        qual_set_error(run.error, "%s", run.error_msg);
+    rc = run.error;
 
-    for (uint32_t i = 0; i < job->workers; i++)
-        close(workers[i].fd);
+out:
+    if (workers) {
+        for (uint32_t i = 0; i < job->workers; i++) {
+            ioq_close(workers[i].q);
+            if (workers[i].fd >= 0)
+                close(workers[i].fd);
+        }
+    }
+    free(workers);
     pthread_cond_destroy(&run.gate_cv);
     pthread_mutex_destroy(&run.gate);
     pthread_mutex_destroy(&run.lock);
-    free(workers);
-    free(threads);
-    return run.error;
-
+    if (run.error) {
+        res->error = run.error;
+        res->error_op = run.error_op;
+        res->error_offset = run.error_offset;
+        memcpy(res->error_msg, run.error_msg, sizeof(res->error_msg));
+        qual_set_error(run.error, "%s", run.error_msg);
+        return run.error;
+    }
+    if (!rc)
+        return 0;
 early:
     res->error = rc;
     snprintf(res->error_msg, sizeof(res->error_msg), "%s", qual_last_error());

@@ -109,6 +109,9 @@ struct pass {
     struct qual_verify_result *res;
     struct qual_bad_block *bad;
     uint32_t max_report;
+    const struct order *ord;
+    uint64_t next;            /* the next block of the order to hand to the queue */
+    struct qual_ctl *ctl;
 };
 
 /* Account one completed block: its result (faults applied) and, for a read, its verdict. */
@@ -116,10 +119,6 @@ static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got
 {
     const struct qual_verify_opts *o = ps->o;
     const int op = o->op;
-    uint64_t delay = 0;
-    got = fault_apply(o->faults, o->nfaults, op, off, o->block_size, got, &delay);
-    if (delay)
-        fault_delay(delay);
     const char *what = op == QUAL_OP_WRITE ? "writing" : "reading";
     if (got < 0)
         return qual_set_error((int)got, "%s %u bytes at offset %llu of %s: %s", what,
@@ -147,90 +146,27 @@ static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got
     return 0;
 }
 
-static int run_ring(struct pass *ps, int fd, const struct order *ord, struct qual_ctl *ctl)
+static int block_next(void *ctx, struct ioq_io *io)
 {
+    struct pass *ps = ctx;
     const struct qual_verify_opts *o = ps->o;
-    const unsigned depth = o->queue_depth;
-    struct ring *r = NULL;
-    int rc = ring_open(&r, fd, depth, o->block_size, o->align, 1);
-    uint64_t *slot_off = calloc(depth, sizeof(*slot_off));
-    unsigned *free_slots = calloc(depth, sizeof(*free_slots));
-    if (!rc && (!slot_off || !free_slots))
-        rc = qual_set_error(-ENOMEM, "cannot allocate %u slots", depth);
-    if (rc) {
-        ring_close(r);
-        free(slot_off);
-        free(free_slots);
-        return rc;
-    }
-    unsigned nfree = depth, inflight = 0;
-    for (unsigned i = 0; i < depth; i++)
-        free_slots[i] = i;
-    uint64_t next = 0;
-    int wait_only = 0;
-    for (;;) {
-        while (!rc && next < ord->n && nfree) {
-            uint64_t off = o->offset + order_at(ord, next++) * o->block_size;
-            unsigned slot = free_slots[--nfree];
-            slot_off[slot] = off;
-            if (o->op == QUAL_OP_WRITE)
-                qual_verify_fill(ring_buf(r, slot), o->block_size, off, o->seed, o->seq);
-            ring_queue(r, o->op, slot, off, o->block_size);
-            inflight++;
-        }
-        if (inflight == 0 || (wait_only && inflight == ring_pending(r)))
-            break;
-        int src = wait_only ? ring_wait(r) : ring_submit(r, 1);
-        if (src) {
-            rc = rc ? rc : src;
-            wait_only = 1; /* nothing more goes in; what the kernel holds must come back */
-        }
-        uint64_t ud;
-        int32_t res;
-        while (ring_reap(r, &ud, &res)) {
-            inflight--;
-            free_slots[nfree++] = (unsigned)ud;
-            if (!rc) /* after a failure the rest only drains; the first error is the one */
-                rc = finish(ps, ring_buf(r, (unsigned)ud), slot_off[ud], res);
-        }
-        if (!rc && __atomic_load_n(&ctl->cancel, __ATOMIC_RELAXED))
-            rc = qual_set_error(-ECANCELED, "cancelled");
-        if (rc)
-            next = ord->n;
-        else
-            __atomic_store_n(&ctl->bytes_done, ps->res->bytes, __ATOMIC_RELAXED);
-    }
-    if (!inflight)
-        ring_close(r); /* else the kernel may still use its buffers: leave them be */
-    free(slot_off);
-    free(free_slots);
-    return rc;
+    if (ps->next >= ps->ord->n)
+        return 0;
+    io->op = o->op;
+    io->off = o->offset + order_at(ps->ord, ps->next++) * o->block_size;
+    io->len = o->block_size;
+    if (o->op == QUAL_OP_WRITE)
+        qual_verify_fill(io->buf, o->block_size, io->off, o->seed, o->seq);
+    return 1;
 }
 
-static int run_psync(struct pass *ps, int fd, const struct order *ord, struct qual_ctl *ctl)
+static int block_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns)
 {
-    const struct qual_verify_opts *o = ps->o;
-    void *buf = NULL;
-    int rc = -posix_memalign(&buf, o->align < 4096 ? 4096 : o->align, o->block_size);
-    if (rc)
-        return qual_set_error(rc, "cannot allocate a %u-byte buffer", o->block_size);
-    for (uint64_t i = 0; !rc && i < ord->n; i++) {
-        if (__atomic_load_n(&ctl->cancel, __ATOMIC_RELAXED)) {
-            rc = qual_set_error(-ECANCELED, "cancelled");
-            break;
-        }
-        uint64_t off = o->offset + order_at(ord, i) * o->block_size;
-        ssize_t n;
-        if (o->op == QUAL_OP_WRITE)
-            qual_verify_fill(buf, o->block_size, off, o->seed, o->seq);
-        do {
-            n = o->op == QUAL_OP_WRITE ? pwrite(fd, buf, o->block_size, (off_t)off)
-                                       : pread(fd, buf, o->block_size, (off_t)off);
-        } while (n < 0 && errno == EINTR);
-        rc = finish(ps, buf, off, n < 0 ? -errno : n);
-        __atomic_store_n(&ctl->bytes_done, ps->res->bytes, __ATOMIC_RELAXED);
-    }
-    free(buf);
+    (void)lat_ns;
+    struct pass *ps = ctx;
+    int rc = finish(ps, io->buf, io->off, res);
+    if (!rc)
+        __atomic_store_n(&ps->ctl->bytes_done, ps->res->bytes, __ATOMIC_RELAXED);
     return rc;
 }
 
@@ -264,10 +200,29 @@ int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct q
         return rc;
     struct order ord;
     order_init(&ord, o->size / bs, o->random, o->seed ^ o->seq);
-    struct pass ps = {o, path, res, bad, bad ? max_report : 0};
+    struct pass ps = {o, path, res, bad, bad ? max_report : 0, &ord, 0, ctl};
+    struct ioq_opts qo = {
+        .backend = res->backend,
+        .fd = fd,
+        .depth = res->backend == QUAL_BACKEND_IO_URING ? o->queue_depth : 1,
+        .buf_len = bs,
+        .align = o->align,
+        .submit_batch = 0,
+        .deadline_ns = QUAL_UNBOUNDED,
+        .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
+        .cancel = &ctl->cancel,
+        .faults = o->faults,
+        .nfaults = o->nfaults,
+        .single_issuer = 1,
+    };
     uint64_t t0 = now_ns();
-    rc = res->backend == QUAL_BACKEND_IO_URING ? run_ring(&ps, fd, &ord, ctl)
-                                               : run_psync(&ps, fd, &ord, ctl);
+    struct ioq *q;
+    rc = ioq_open(&q, &qo);
+    if (!rc) {
+        struct ioq_client c = {&ps, block_next, block_done};
+        rc = ioq_run(q, &c);
+        ioq_close(q);
+    }
     if (!rc && o->op == QUAL_OP_WRITE && fdatasync(fd))
         rc = qual_set_error(-errno, "fdatasync %s: %s", path, strerror(errno));
     res->elapsed_ns = now_ns() - t0;

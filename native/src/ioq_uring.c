@@ -1,0 +1,313 @@
+/* ioq_uring.c — the io_uring backend of the queue, by raw syscalls (no liburing): a ring on one
+ * descriptor with the queue's buffers registered. It stages, submits, waits (with a timeout, so
+ * the queue's loop always gets control back) and reaps; the loop itself is ioq.c's. */
+#include <errno.h>
+#include <linux/io_uring.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#ifndef IORING_SETUP_COOP_TASKRUN
+#define IORING_SETUP_COOP_TASKRUN (1U << 8)
+#endif
+#ifndef IORING_SETUP_SINGLE_ISSUER
+#define IORING_SETUP_SINGLE_ISSUER (1U << 12)
+#endif
+#ifndef IORING_SETUP_DEFER_TASKRUN
+#define IORING_SETUP_DEFER_TASKRUN (1U << 13)
+#endif
+
+struct ring {
+    int fd;
+    int target_fd;
+    int fixed_file;
+    int fixed_bufs;
+    unsigned char *bufs;      /* the queue's buffers (registered when possible) */
+    size_t bufs_len;
+    size_t buf_len;
+    /* submission ring */
+    unsigned *sq_head;
+    unsigned *sq_tail;
+    unsigned *sq_mask;
+    unsigned sq_local_tail;
+    struct io_uring_sqe *sqes;
+    /* completion ring */
+    unsigned *cq_head;
+    unsigned *cq_tail;
+    unsigned *cq_mask;
+    struct io_uring_cqe *cqes;
+    /* mappings */
+    void *sq_map;
+    size_t sq_map_len;
+    void *cq_map;
+    size_t cq_map_len;
+    size_t sqes_len;
+};
+
+static int sys_setup(unsigned entries, struct io_uring_params *p)
+{
+    return (int)syscall(__NR_io_uring_setup, entries, p);
+}
+
+static int sys_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags,
+                     const void *arg, size_t argsz)
+{
+    return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, arg, argsz);
+}
+
+static int sys_register(int fd, unsigned opcode, const void *arg, unsigned nr)
+{
+    return (int)syscall(__NR_io_uring_register, fd, opcode, arg, nr);
+}
+
+/* io_uring must bound its waits (IORING_FEAT_EXT_ARG, Linux 5.11): without it, psync is used. */
+int qual_io_uring_probe(void)
+{
+    struct io_uring_params p;
+    memset(&p, 0, sizeof(p));
+    int fd = sys_setup(1, &p);
+    if (fd < 0)
+        return qual_set_error(-errno, "io_uring_setup: %s", strerror(errno));
+    close(fd);
+    if (!(p.features & IORING_FEAT_EXT_ARG))
+        return qual_set_error(-ENOSYS, "io_uring here cannot wait with a timeout "
+                              "(IORING_FEAT_EXT_ARG, Linux 5.11)");
+    return 0;
+}
+
+/* Newer setup flags cut the cost of completions; older kernels refuse them with EINVAL. A
+ * single-issuer ring may only be used by the thread that made it. */
+static int create_ring(unsigned entries, struct io_uring_params *p, int single_issuer)
+{
+    static const unsigned tries[] = {
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+        IORING_SETUP_COOP_TASKRUN,
+        0,
+    };
+    int fd = -1;
+    for (size_t i = single_issuer ? 0 : 1; i < sizeof(tries) / sizeof(tries[0]); i++) {
+        memset(p, 0, sizeof(*p));
+        p->flags = tries[i];
+        fd = sys_setup(entries, p);
+        if (fd >= 0 || errno != EINVAL)
+            break;
+    }
+    return fd;
+}
+
+static int map_rings(struct ring *r, const struct io_uring_params *p)
+{
+    r->sq_map_len = p->sq_off.array + p->sq_entries * sizeof(unsigned);
+    r->cq_map_len = p->cq_off.cqes + p->cq_entries * sizeof(struct io_uring_cqe);
+    int single = (p->features & IORING_FEAT_SINGLE_MMAP) != 0;
+    if (single && r->cq_map_len > r->sq_map_len)
+        r->sq_map_len = r->cq_map_len;
+    r->sq_map = mmap(NULL, r->sq_map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                     r->fd, IORING_OFF_SQ_RING);
+    if (r->sq_map == MAP_FAILED) {
+        r->sq_map = NULL;
+        return qual_set_error(-errno, "mmap io_uring SQ ring: %s", strerror(errno));
+    }
+    if (single) {
+        r->cq_map = r->sq_map;
+    } else {
+        r->cq_map = mmap(NULL, r->cq_map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                         r->fd, IORING_OFF_CQ_RING);
+        if (r->cq_map == MAP_FAILED) {
+            r->cq_map = NULL;
+            return qual_set_error(-errno, "mmap io_uring CQ ring: %s", strerror(errno));
+        }
+    }
+    r->sqes_len = p->sq_entries * sizeof(struct io_uring_sqe);
+    r->sqes = mmap(NULL, r->sqes_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
+                   IORING_OFF_SQES);
+    if (r->sqes == MAP_FAILED) {
+        r->sqes = NULL;
+        return qual_set_error(-errno, "mmap io_uring SQEs: %s", strerror(errno));
+    }
+    unsigned char *sq = r->sq_map;
+    unsigned char *cq = r->cq_map;
+    r->sq_head = (unsigned *)(sq + p->sq_off.head);
+    r->sq_tail = (unsigned *)(sq + p->sq_off.tail);
+    r->sq_mask = (unsigned *)(sq + p->sq_off.ring_mask);
+    unsigned *array = (unsigned *)(sq + p->sq_off.array);
+    for (unsigned i = 0; i < p->sq_entries; i++)
+        array[i] = i; /* SQE i always sits in array slot i */
+    r->sq_local_tail = *r->sq_tail;
+    r->cq_head = (unsigned *)(cq + p->cq_off.head);
+    r->cq_tail = (unsigned *)(cq + p->cq_off.tail);
+    r->cq_mask = (unsigned *)(cq + p->cq_off.ring_mask);
+    r->cqes = (struct io_uring_cqe *)(cq + p->cq_off.cqes);
+    return 0;
+}
+
+static void uring_close(void *state, int wedged)
+{
+    struct ring *r = state;
+    if (!r)
+        return;
+    if (wedged)
+        return; /* the kernel still holds I/Os into these buffers: keep the ring and them */
+    if (r->sqes)
+        munmap(r->sqes, r->sqes_len);
+    if (r->cq_map && r->cq_map != r->sq_map)
+        munmap(r->cq_map, r->cq_map_len);
+    if (r->sq_map)
+        munmap(r->sq_map, r->sq_map_len);
+    /* The kernel tears a closed ring down later, holding its registered files until then: an
+     * exclusive reopen (O_EXCL) or an unmount right after would find the file busy.
+     * Unregistering waits until the ring no longer uses them. */
+    if (r->fd >= 0 && r->fixed_file)
+        sys_register(r->fd, IORING_UNREGISTER_FILES, NULL, 0);
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r);
+}
+
+static int uring_open(struct ioq *q, void **state)
+{
+    const struct ioq_opts *o = ioq_opts_of(q);
+    struct ring *r = calloc(1, sizeof(*r));
+    if (!r)
+        return qual_set_error(-ENOMEM, "cannot allocate a ring");
+    r->fd = -1;
+    r->target_fd = o->fd;
+    r->buf_len = o->buf_len;
+    r->bufs = ioq_bufs(q, &r->bufs_len);
+    *state = r;
+
+    struct io_uring_params p;
+    r->fd = create_ring(o->depth, &p, o->single_issuer);
+    if (r->fd < 0)
+        return qual_set_error(-errno, "io_uring_setup(%u): %s", o->depth, strerror(errno));
+    int rc = map_rings(r, &p);
+    if (rc)
+        return rc;
+    r->fixed_file = r->target_fd >= 0 &&
+                    sys_register(r->fd, IORING_REGISTER_FILES, &r->target_fd, 1) == 0;
+    if (!r->bufs)
+        return 0; /* the client brings its own memory */
+    struct iovec *iov = calloc(o->depth, sizeof(*iov));
+    if (!iov)
+        return qual_set_error(-ENOMEM, "cannot allocate %u iovecs", o->depth);
+    for (unsigned i = 0; i < o->depth; i++) {
+        iov[i].iov_base = r->bufs + (size_t)i * r->buf_len;
+        iov[i].iov_len = r->buf_len;
+    }
+    /* registered buffers save a page pin per I/O; without them plain reads and writes work */
+    r->fixed_bufs = sys_register(r->fd, IORING_REGISTER_BUFFERS, iov, o->depth) == 0;
+    free(iov);
+    return 0;
+}
+
+static int uring_set_fd(void *state, int fd)
+{
+    struct ring *r = state;
+    if (r->fixed_file) {
+        struct io_uring_files_update up;
+        memset(&up, 0, sizeof(up));
+        up.offset = 0;
+        up.fds = (uint64_t)(uintptr_t)&fd;
+        if (sys_register(r->fd, IORING_REGISTER_FILES_UPDATE, &up, 1) != 1)
+            r->fixed_file = 0; /* plain descriptors work as well, a little slower */
+    } else if (r->target_fd < 0 &&
+               sys_register(r->fd, IORING_REGISTER_FILES, &fd, 1) == 0) {
+        r->fixed_file = 1;
+    }
+    r->target_fd = fd;
+    return 0;
+}
+
+static void uring_queue(void *state, struct ioq_io *io)
+{
+    struct ring *r = state;
+    struct io_uring_sqe *sqe = &r->sqes[r->sq_local_tail & *r->sq_mask];
+    memset(sqe, 0, sizeof(*sqe));
+    const int write = io->op == QUAL_OP_WRITE;
+    unsigned char *b = io->buf;
+    if (io->iov) {
+        sqe->opcode = write ? IORING_OP_WRITEV : IORING_OP_READV;
+        sqe->addr = (uint64_t)(uintptr_t)io->iov;
+        sqe->len = io->nvec;
+    } else {
+        int fixed = r->fixed_bufs && b >= r->bufs && b + io->len <= r->bufs + r->bufs_len;
+        if (fixed) {
+            sqe->opcode = write ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED;
+            sqe->buf_index = (unsigned short)((size_t)(b - r->bufs) / r->buf_len);
+        } else {
+            sqe->opcode = write ? IORING_OP_WRITE : IORING_OP_READ;
+        }
+        sqe->addr = (uint64_t)(uintptr_t)b;
+        sqe->len = io->len;
+    }
+    if (r->fixed_file) {
+        sqe->fd = 0;
+        sqe->flags = IOSQE_FIXED_FILE;
+    } else {
+        sqe->fd = r->target_fd;
+    }
+    sqe->off = io->off;
+    sqe->user_data = io->slot;
+    r->sq_local_tail++;
+}
+
+static unsigned uring_pending(void *state)
+{
+    struct ring *r = state;
+    return r->sq_local_tail - __atomic_load_n(r->sq_head, __ATOMIC_ACQUIRE);
+}
+
+static int uring_enter(void *state, int submit, int wait, uint64_t timeout_ns)
+{
+    struct ring *r = state;
+    if (submit)
+        __atomic_store_n(r->sq_tail, r->sq_local_tail, __ATOMIC_RELEASE);
+    unsigned to_submit = submit ? uring_pending(r) : 0;
+    unsigned ready = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) - *r->cq_head;
+    if (ready)
+        wait = 0; /* completions are there already: just hand the new ones over */
+    if (!to_submit && !wait)
+        return 0;
+    struct __kernel_timespec ts = {(long long)(timeout_ns / 1000000000ull),
+                                   (long long)(timeout_ns % 1000000000ull)};
+    struct io_uring_getevents_arg arg;
+    memset(&arg, 0, sizeof(arg));
+    arg.ts = (uint64_t)(uintptr_t)&ts;
+    unsigned flags = wait ? IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG : 0;
+    int ret = sys_enter(r->fd, to_submit, wait ? 1 : 0, flags, wait ? &arg : NULL,
+                        wait ? sizeof(arg) : 0);
+    if (ret >= 0)
+        return 0;
+    int err = errno;
+    if (err == ETIME || err == EAGAIN || err == EBUSY || err == EINTR)
+        return -err;
+    return qual_set_error(-err, "io_uring_enter: %s", strerror(err));
+}
+
+static int uring_reap(void *state, unsigned *slot, int64_t *res)
+{
+    struct ring *r = state;
+    unsigned head = *r->cq_head;
+    if (head == __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE))
+        return 0;
+    const struct io_uring_cqe *cqe = &r->cqes[head & *r->cq_mask];
+    *slot = (unsigned)cqe->user_data;
+    *res = cqe->res;
+    __atomic_store_n(r->cq_head, head + 1, __ATOMIC_RELEASE);
+    return 1;
+}
+
+const struct ioq_backend ioq_uring_backend = {
+    .open = uring_open,
+    .set_fd = uring_set_fd,
+    .queue = uring_queue,
+    .enter = uring_enter,
+    .reap = uring_reap,
+    .pending = uring_pending,
+    .close = uring_close,
+};
