@@ -87,6 +87,10 @@ class DeviceIoError(QualError):
     """The device failed an I/O, or returned less than asked."""
 
 
+class Stalled(DeviceIoError):
+    """An I/O stayed outstanding past the command timeout: the device stopped answering."""
+
+
 class DataMismatch(DeviceIoError):
     """Data read back is not what was written there."""
 
@@ -116,6 +120,7 @@ _ERROR_CLASS = {
     errno_mod.EIO: DeviceIoError,
     errno_mod.ENODATA: DeviceIoError,
     errno_mod.EBADMSG: DataMismatch,
+    errno_mod.ETIMEDOUT: Stalled,
     errno_mod.ENOSPC: NoSpace,
     errno_mod.EDQUOT: NoSpace,
     errno_mod.ENOSYS: BackendUnavailable,
@@ -260,6 +265,7 @@ class IoJob:
     offset: int = 0
     bytes: int | None = None  # bound: total bytes, whole blocks (None: no byte bound)
     runtime: float | None = None  # bound: seconds (None: no time bound)
+    command_timeout: float = 30.0  # an I/O outstanding this long is a stall (NVMe's default)
     seed: int = 0
     backend: str = "auto"
     direct: bool = True
@@ -309,6 +315,8 @@ class IoJob:
             if self.bytes % self.block_size:
                 return (f"byte bound {self.bytes} is not a whole number of "
                         f"{self.block_size}-byte blocks")
+        if not 1 <= _ns(self.command_timeout) < UNBOUNDED:
+            return f"command timeout {self.command_timeout} s is outside 1 ns..584 years"
         if self.runtime is not None and not 1 <= _ns(self.runtime) < UNBOUNDED:
             return f"runtime {self.runtime} s is outside 1 ns..{(UNBOUNDED - 1) / 1e9:.0f} s"
         return None
@@ -480,6 +488,7 @@ def _fill_job(cjob, job: IoJob) -> list:
     cjob.size = job.size
     cjob.bytes = UNBOUNDED if job.bytes is None else job.bytes
     cjob.runtime_ns = UNBOUNDED if job.runtime is None else _ns(job.runtime)
+    cjob.command_timeout_ns = _ns(job.command_timeout)
     cjob.seed = job.seed & (2**64 - 1)
     keep = [path]
     if job.faults:

@@ -34,6 +34,7 @@ struct jobrun {
     pthread_mutex_t gate;     /* start gate: workers report ready, then wait for open */
     pthread_cond_t gate_cv;
     unsigned ready;
+    unsigned finished;        /* workers past their queue's run */
     int open;
     int setup_failed;
     pthread_mutex_t lock;     /* guards the first error */
@@ -49,6 +50,7 @@ struct worker {
     unsigned index;
     pthread_t tid;
     int started;
+    int wedged;               /* its queue gave up on I/Os the kernel kept: it detached */
     int fd;
     struct ioq *q;
     uint64_t lo;              /* first byte of the worker's range */
@@ -258,6 +260,15 @@ static void *worker_main(void *p)
         if (rc)
             job_fail(run, rc, -1, 0, "%s", qual_last_error());
     }
+    pthread_mutex_lock(&run->gate);
+    /* A thread that leaves I/Os with the kernel cannot finish exiting until they come back
+     * (io_uring cancels a task's requests at its exit), so nobody waits for it to. */
+    w->wedged = w->q && ioq_wedged(w->q);
+    if (w->wedged)
+        pthread_detach(pthread_self());
+    run->finished++;
+    pthread_cond_broadcast(&run->gate_cv);
+    pthread_mutex_unlock(&run->gate);
     return NULL;
 }
 
@@ -363,9 +374,11 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
                                                                    : t_start + job->runtime_ns;
     run.open = 1;
     pthread_cond_broadcast(&run.gate_cv);
+    while (run.finished < started)
+        pthread_cond_wait(&run.gate_cv, &run.gate);
     pthread_mutex_unlock(&run.gate);
     for (uint32_t i = 0; i < job->workers; i++)
-        if (workers[i].started)
+        if (workers[i].started && !workers[i].wedged)
             pthread_join(workers[i].tid, NULL);
 
     if (job->op == QUAL_OP_WRITE && !run.error) {
