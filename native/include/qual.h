@@ -89,6 +89,13 @@ struct qual_fault {
  * is a bound (nothing to do) and is refused. */
 #define QUAL_UNBOUNDED UINT64_MAX
 
+/* Limits of a job (and of every queue): I/Os in flight, workers, bytes per I/O. */
+enum {
+    QUAL_MAX_DEPTH = 4096,
+    QUAL_MAX_WORKERS = 1024,
+    QUAL_MAX_BLOCK = 67108864
+};
+
 enum qual_op { QUAL_OP_READ = 0, QUAL_OP_WRITE = 1 };
 
 /* The file or device a caller checked before handing its path to the engine (the safety guard,

@@ -43,8 +43,9 @@ static int validate(const struct qual_fcache_opts *o)
                               "pages", o->row_stride, o->row_bytes, o->page_size);
     if (o->rows == 0 || o->capacity == 0 || o->capacity >= NO_SLOT)
         return qual_set_error(-EINVAL, "a cache needs rows and 1..%u pages", NO_SLOT - 1);
-    if (o->queue_depth == 0 || o->queue_depth > 4096)
-        return qual_set_error(-EINVAL, "queue depth %u is outside 1..4096", o->queue_depth);
+    if (o->queue_depth == 0 || o->queue_depth > QUAL_MAX_DEPTH)
+        return qual_set_error(-EINVAL, "queue depth %u is outside 1..%d", o->queue_depth,
+                              QUAL_MAX_DEPTH);
     if (o->max_coalesce == 0 || o->max_coalesce > 1024) /* readv takes 1024 vectors at most */
         return qual_set_error(-EINVAL, "coalescing %u pages is outside 1..1024", o->max_coalesce);
     return 0;

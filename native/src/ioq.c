@@ -79,8 +79,9 @@ int ioq_wedged(const struct ioq *q)
 int ioq_open(struct ioq **out, const struct ioq_opts *o)
 {
     *out = NULL;
-    if (o->depth == 0 || o->depth > 4096)
-        return qual_set_error(-EINVAL, "queue depth %u is outside 1..4096", o->depth);
+    if (o->depth == 0 || o->depth > QUAL_MAX_DEPTH)
+        return qual_set_error(-EINVAL, "queue depth %u is outside 1..%d", o->depth,
+                              QUAL_MAX_DEPTH);
     if (o->backend != QUAL_BACKEND_IO_URING && o->backend != QUAL_BACKEND_PSYNC)
         return qual_set_error(-EINVAL, "backend %d is not a resolved one", o->backend);
     struct ioq *q = calloc(1, sizeof(*q));

@@ -14,9 +14,9 @@
 
 #include "engine.h"
 
-#define MAX_DEPTH 4096u
-#define MAX_WORKERS 1024u
-#define MAX_BLOCK (64u << 20)
+#define MAX_DEPTH ((unsigned)QUAL_MAX_DEPTH)
+#define MAX_WORKERS ((unsigned)QUAL_MAX_WORKERS)
+#define MAX_BLOCK ((unsigned)QUAL_MAX_BLOCK)
 #define MAX_THREADS 4096u
 
 static const char *op_name(int op)

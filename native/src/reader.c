@@ -33,8 +33,9 @@ int qual_reader_open(const struct qual_reader_opts *o, struct qual_reader **out)
     if (o->block_size == 0 || o->block_size % o->align)
         return qual_set_error(-EINVAL, "block size %u is not a multiple of the alignment %u",
                               o->block_size, o->align);
-    if (o->queue_depth == 0 || o->queue_depth > 4096)
-        return qual_set_error(-EINVAL, "queue depth %u is outside 1..4096", o->queue_depth);
+    if (o->queue_depth == 0 || o->queue_depth > QUAL_MAX_DEPTH)
+        return qual_set_error(-EINVAL, "queue depth %u is outside 1..%d", o->queue_depth,
+                              QUAL_MAX_DEPTH);
     struct qual_reader *r = calloc(1, sizeof(*r));
     if (!r)
         return qual_set_error(-ENOMEM, "cannot allocate a reader");

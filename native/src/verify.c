@@ -187,8 +187,9 @@ int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct q
         return qual_set_error(-EINVAL, "offset %llu and size %llu must be multiples of the "
                               "block size %u, size above 0", (unsigned long long)o->offset,
                               (unsigned long long)o->size, bs);
-    if (o->queue_depth == 0 || o->queue_depth > 4096)
-        return qual_set_error(-EINVAL, "queue depth %u is outside 1..4096", o->queue_depth);
+    if (o->queue_depth == 0 || o->queue_depth > QUAL_MAX_DEPTH)
+        return qual_set_error(-EINVAL, "queue depth %u is outside 1..%d", o->queue_depth,
+                              QUAL_MAX_DEPTH);
     int rc = resolve_backend(o->backend, &res->backend);
     if (rc)
         return rc;

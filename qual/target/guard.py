@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from qual.engine import QualError
+from qual.errors import QualError
 from qual.target.identity import (Identity, dev_number, disk_dir, partitions, sysfs_dir)
 
 PROBE_TIMEOUT = 30  # seconds a signature tool may take

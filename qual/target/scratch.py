@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from qual.engine import TargetUnavailable
+from qual.errors import TargetUnavailable
 
 TOKEN_XATTR = "user.qual.scratch"
 FS_IOC_GETVERSION = 0x80087601  # _IOR('v', 1, long): the inode's generation number
@@ -181,7 +181,7 @@ def check_regular(path: Path, what: str) -> os.stat_result:
     finally:
         os.close(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise TargetUnavailable(errno.EPERM, f"is not a regular file; a block device is a "
+        raise TargetUnavailable(errno.EPERM, "is not a regular file; a block device is a "
                                 "target only when named as one", target=str(path))
     return st
 

@@ -1,0 +1,120 @@
+"""The private binding: the only module that imports the cffi library. It holds the codes the
+C API uses, one check() for a return code, and the one helper for long calls, which run on a
+helper thread so that the caller can report progress and cancel them on any exception."""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from qual._native import ffi, lib
+from qual.errors import EngineStuck, error_for
+
+OPS = ("read", "write")
+PATTERNS = ("sequential", "random")
+BACKENDS = ("auto", "io_uring", "psync")
+MAX_QUEUE_DEPTH = lib.QUAL_MAX_DEPTH
+MAX_WORKERS = lib.QUAL_MAX_WORKERS
+MAX_BLOCK_SIZE = lib.QUAL_MAX_BLOCK
+UNBOUNDED = lib.QUAL_UNBOUNDED  # a byte or time bound that does not bound (never 0)
+STOP_WAIT = 5.0  # seconds a cancelled engine call may take to bring its I/Os back
+
+OP_CODE = {"read": lib.QUAL_OP_READ, "write": lib.QUAL_OP_WRITE}
+PATTERN_CODE = {"sequential": lib.QUAL_SEQUENTIAL, "random": lib.QUAL_RANDOM}
+BACKEND_CODE = {
+    "auto": lib.QUAL_BACKEND_AUTO,
+    "io_uring": lib.QUAL_BACKEND_IO_URING,
+    "psync": lib.QUAL_BACKEND_PSYNC,
+}
+BACKEND_NAME = {code: name for name, code in BACKEND_CODE.items()}
+
+
+def check(rc: int, *, op: str | None = None, target: str | None = None,
+          offset: int | None = None) -> None:
+    """Raise the QualError for a negative engine return code, with the engine's context."""
+    if rc < 0:
+        message = ffi.string(lib.qual_last_error()).decode(errors="replace") or os.strerror(-rc)
+        raise error_for(-rc)(-rc, message, op=op, offset=offset, target=target)
+
+
+Progress = Callable[[int, int, float], None]
+
+
+def ns(seconds: float) -> int:
+    return round(seconds * 1e9) if math.isfinite(seconds) else UNBOUNDED
+
+
+def long_call(call, ctl, keep, progress: Progress | None, interval: float) -> int:
+    """Run a long engine call on a helper thread, so that the main thread stays free to report
+    progress(bytes_done, ops_done, seconds) every `interval` and to notice an exception (Ctrl-C,
+    a test's timeout, a failing progress callback). Any exception that leaves this call
+    cancels the engine call through ctl and waits, at most STOP_WAIT seconds, for it to stop:
+    no engine thread outlives the call that started it."""
+    outcome: list[tuple[int, str]] = []
+    # an Event, not Thread.join: a join that an exception interrupts can report a live thread
+    # as stopped (CPython), and then the engine would run on past this call
+    finished = threading.Event()
+
+    def work():
+        try:
+            rc = call()
+            # the context of a failure is per thread: take it here, on the thread that failed
+            outcome.append((rc, ffi.string(lib.qual_last_error()).decode(errors="replace")))
+        finally:
+            finished.set()
+
+    worker = threading.Thread(target=work, name="qual-engine", daemon=True)
+    # the engine reads these until it returns, even if a second Ctrl-C abandons the wait
+    worker.engine_memory = (ctl, keep)
+    started = time.monotonic()
+    worker.start()
+    try:
+        last = started
+        while not finished.wait(0.05):
+            now = time.monotonic()
+            if progress and now - last >= interval:
+                progress(int(ctl.bytes_done), int(ctl.ops_done), now - started)
+                last = now
+    except BaseException as stop:
+        ctl.cancel = 1
+        if not finished.wait(STOP_WAIT):
+            raise EngineStuck(errno_mod.ETIMEDOUT, f"still running {STOP_WAIT:g} s after it was "
+                              f"cancelled ({type(stop).__name__}): I/Os the kernel has not "
+                              "returned") from stop
+        worker.join()  # past finished: only the thread's own exit is left
+        raise
+    worker.join()
+    return outcome[0]
+
+
+def check_outcome(outcome: tuple[int, str], **where) -> None:
+    """check() for a call made through long_call (its context comes from the worker thread)."""
+    rc, message = outcome
+    if rc < 0:
+        raise error_for(-rc)(-rc, message or os.strerror(-rc), **where)
+
+
+def raise_result(res, target: str, default_op: str | None) -> None:
+    if res.error:
+        op = OPS[res.error_op] if res.error_op >= 0 else default_op
+        offset = int(res.error_offset) if res.error_op >= 0 else None
+        raise error_for(-res.error)(-res.error, ffi.string(res.error_msg).decode(errors="replace"),
+                                    op=op, offset=offset, target=target)
+
+
+def fill_faults(cfaults, faults) -> None:
+    for cf, f in zip(cfaults, faults):
+        cf.op = -1 if f.op is None else OP_CODE[f.op]
+        cf.error = f.error
+        cf.offset_lo, cf.offset_hi = f.offset_lo, f.offset_hi
+        cf.every, cf.limit, cf.short_bytes = f.every, f.limit, f.short_bytes
+        cf.delay_ns = int(f.delay * 1e9)
+
+
+def new_ctl():
+    """A control block to share among engine calls: set .cancel = 1 to stop them."""
+    return ffi.new("struct qual_ctl *")
