@@ -329,7 +329,9 @@ def cmd_checkpoint(args) -> int:
     if table is None:
         return 2
     if args.plan:
-        print(describe(checkpoint.plan_of(table)))
+        plan = checkpoint.plan_of(table)
+        print(json.dumps({**plan.summary(), "derivation": describe(plan)}, indent=2)
+              if args.json else describe(plan))
         return 0
     target = Target(args.target)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ

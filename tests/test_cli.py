@@ -87,3 +87,13 @@ def test_clean_removes_only_qual_s_scratch(tmp_path):
     assert (tmp_path / "qual-target.dat").exists()
     assert qual("clean", str(tmp_path)).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_checkpoint_plan_json_is_json_with_the_derivation():
+    proc = qual("checkpoint", "--plan", "--model", "llama3.1-405b", "--tp", "4", "--pp", "2",
+                "--recipe", "bf16-adam8bit", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ranks"] == 8 and doc["model"] == "llama3.1-405b"
+    assert abs(doc["bytes"] / 1.636e12 - 1) < 0.01  # seed 004: 1,636 GB
+    assert "GB" in doc["derivation"] or "GiB" in doc["derivation"]
