@@ -208,7 +208,7 @@ def test_a_mounted_sibling_refuses_the_disk_and_every_partition(loop_device, cap
     dev = loop_device(64 * MiB)
     first = loop_device.partition(dev, count=2)
     second = f"{dev}p2"
-    point = loop_device.mount(second)
+    point = loop_device.mount(second, options="ro")  # no background writes of ext4's own
     for target in (dev, first, second):
         before = sha256_of(target)
         rc, _, err = qual_io(capsys, target, *confirmed(target))
