@@ -342,6 +342,11 @@ def _figure():
     return plt
 
 
+def _subplots(*args, **kw):
+    """A figure whose titles, colour bars and labels are laid out not to overlap."""
+    return _figure().subplots(*args, layout="constrained", **kw)
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -351,10 +356,9 @@ def _png(fig) -> bytes:
 
 def bandwidth_heatmaps(measurements: list[dict], title: str) -> bytes:
     """One heatmap per pattern: block size (rows) x queue depth (columns) -> GiB/s."""
-    plt = _figure()
     cells = [m for m in measurements if m["metric"].endswith("_bw")]
     patterns = sorted({m["metric"][:-3] for m in cells})
-    fig, axes = plt.subplots(1, max(1, len(patterns)), figsize=(4.2 * max(1, len(patterns)), 3.6),
+    fig, axes = _subplots(1, max(1, len(patterns)), figsize=(4.2 * max(1, len(patterns)), 3.6),
                              squeeze=False)
     for ax, pattern in zip(axes[0], patterns):
         mine = [m for m in cells if m["metric"] == f"{pattern}_bw"]
@@ -382,7 +386,6 @@ def bandwidth_heatmaps(measurements: list[dict], title: str) -> bytes:
 
 def latency_percentile_curve(bins: dict, title: str) -> bytes:
     """Completion latency (us, log) against percentile, from histogram bins {ns: count}."""
-    plt = _figure()
     points = sorted((int(k), int(v)) for k, v in bins.items())
     total = sum(c for _, c in points)
     xs, ys, seen = [], [], 0
@@ -390,7 +393,7 @@ def latency_percentile_curve(bins: dict, title: str) -> bytes:
         seen += count
         xs.append(100.0 * seen / total)
         ys.append(value / 1e3)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = _subplots(figsize=(6.4, 3.8))
     # percentile axis stretched toward the tail: plot against -log10(1 - p)
     tail = [-math.log10(max(1e-7, 1 - x / 100)) for x in xs]
     ax.step(tail, ys, where="post")
@@ -406,8 +409,7 @@ def latency_percentile_curve(bins: dict, title: str) -> bytes:
 
 def checkpoint_seconds_chart(result: dict) -> bytes:
     """Seconds per checkpoint, in the order written, one colour per pass with its mean."""
-    plt = _figure()
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = _subplots(figsize=(6.4, 3.8))
     n = 0
     for p in range(1, result["passes"] + 1):
         mine = [c["seconds"] for c in result["checkpoints"] if c["pass"] == p]
@@ -428,10 +430,9 @@ def checkpoint_seconds_chart(result: dict) -> bytes:
 
 def gnn_stage_chart(result: dict) -> bytes:
     """Seconds of the measured steps per stage, one bar per loader, and GIDS's hit rate."""
-    plt = _figure()
     loaders = list(result["loaders"])
     stages = ("sample", "gather", "transfer", "train")
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = _subplots(figsize=(6.4, 3.8))
     bottom = [0.0] * len(loaders)
     for stage in stages:
         values = [result["loaders"][ld]["stages"][stage] for ld in loaders]
@@ -450,9 +451,8 @@ def gnn_stage_chart(result: dict) -> bytes:
 def gnn_cache_chart(result: dict) -> bytes:
     """Where GIDS's feature requests were served from (CPU buffer, page cache, SSD), and its
     page reads; the hit rate in the title."""
-    plt = _figure()
     c = result["loaders"]["gids"]["cache"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(7.6, 3.6))
+    fig, (ax, bx) = _subplots(1, 2, figsize=(7.6, 3.6))
     served = {"CPU buffer": c["cpu_hits"], "page cache": c["hits"], "SSD (miss)": c["misses"]}
     ax.bar(list(served), list(served.values()), color=["tab:green", "tab:blue", "tab:red"])
     ax.set_ylabel("feature requests (count)")
@@ -469,8 +469,7 @@ def gnn_cache_chart(result: dict) -> bytes:
 def training_sweep_chart(result: dict, what: str) -> bytes:
     """Training ingestion against the accelerator count, one line per epochs value: AU (with
     the floor and the no-storage ceiling) when what is "au", else MiB/s read."""
-    plt = _figure()
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = _subplots(figsize=(6.4, 3.8))
     for epochs in sorted({r["epochs"] for r in result["runs"]}):
         runs = sorted((r for r in result["runs"] if r["epochs"] == epochs),
                       key=lambda r: r["accelerators"])
@@ -499,10 +498,9 @@ def training_sweep_chart(result: dict, what: str) -> bytes:
 def baseline_chart(regressions, title: str) -> bytes:
     """Before/after per compared metric: the new value as a percentage of the baseline's,
     with the tolerance band; red beyond it on the worse side, green beyond it on the better."""
-    plt = _figure()
     rows = sorted((types.SimpleNamespace(**r) if isinstance(r, dict) else r for r in regressions),
                   key=lambda r: r.id)
-    fig, ax = plt.subplots(figsize=(7.2, max(2.4, 0.32 * len(rows) + 1.2)))
+    fig, ax = _subplots(figsize=(7.2, max(2.4, 0.32 * len(rows) + 1.2)))
     ys = range(len(rows))
     ratio = [100 * (1 + r.change) for r in rows]  # "better" direction is always to the right
     colours = ["tab:red" if not r.passed else "tab:green" if r.improved else "tab:grey"
