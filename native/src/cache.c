@@ -268,13 +268,8 @@ int qual_fcache_set_cpu_buffer(struct qual_fcache *c, const int64_t *rows, uint6
         .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
         .single_issuer = 1,
     };
-    struct ioq *q;
-    rc = ioq_open(&q, &qo);
-    if (!rc) {
-        struct ioq_client cl = {&f, cpu_fill_next, cpu_fill_done};
-        rc = ioq_run(q, &cl);
-        ioq_close(q);
-    }
+    struct ioq_client cl = {&f, cpu_fill_next, cpu_fill_done};
+    rc = ioq_run_once(&qo, &cl);
     if (rc) {
         memset(c->cpu_row, 0xff, c->o.rows * sizeof(*c->cpu_row));
         return rc;

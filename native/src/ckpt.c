@@ -204,13 +204,8 @@ static void run_queue(struct ckpt_run *c, int backend)
         .nfaults = f->nfaults,
         .single_issuer = 1,
     };
-    struct ioq *q;
-    int rc = ioq_open(&q, &o);
-    if (!rc) {
-        struct ioq_client cl = {c, chunk_next, chunk_done};
-        rc = ioq_run(q, &cl);
-        ioq_close(q);
-    }
+    struct ioq_client cl = {c, chunk_next, chunk_done};
+    int rc = ioq_run_once(&o, &cl);
     if (rc)
         fail(c, rc, c->res->error_op, 0, "%s", qual_last_error());
 }

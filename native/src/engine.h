@@ -116,6 +116,8 @@ void *ioq_buf(struct ioq *q, unsigned slot);
 /* Run until next() has nothing more and nothing is in flight: 0, or the first failure (the
  * client's, the backend's, -ECANCELED, -ETIMEDOUT for a stall) with qual_last_error() set. */
 int ioq_run(struct ioq *q, const struct ioq_client *c);
+/* Open a queue, run it once with a client, close it: 0 or the first failure. */
+int ioq_run_once(const struct ioq_opts *o, const struct ioq_client *c);
 /* Close; after a stall the kernel still owns I/Os and their memory, which is then left be. */
 void ioq_close(struct ioq *q);
 /* 1 when a stall or cancel left I/Os with the kernel: their memory must not be freed. */

@@ -150,6 +150,17 @@ void ioq_close(struct ioq *q)
     free(q);
 }
 
+int ioq_run_once(const struct ioq_opts *o, const struct ioq_client *c)
+{
+    struct ioq *q;
+    int rc = ioq_open(&q, o);
+    if (rc)
+        return rc;
+    rc = ioq_run(q, c);
+    ioq_close(q);
+    return rc;
+}
+
 static const char *op_name(int op)
 {
     return op == QUAL_OP_WRITE ? "write" : "read";
