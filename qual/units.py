@@ -53,7 +53,8 @@ UNITS["C"] = Unit("C", "temperature", 1.0)  # a temperature difference (kelvin =
 
 DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "temperature", "ratio", "count")
 
-_QUANTITY = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ%/]*)\s*$")
+_QUANTITY = re.compile(r"^\s*([-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*"
+                       r"([A-Za-zµ%/]*)\s*$")
 
 
 def parse_unit(name: str, dimension: str | None = None) -> Unit:
@@ -121,7 +122,8 @@ def parse_duration(value: object, *, name: str = "duration", minimum: float = 0.
 def parse_count(value: object, *, name: str, minimum: int = 1, maximum: int | None = None) -> int:
     """A whole count within [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+        if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
             value = int(value.strip())
         else:
             raise UnitError(f"{name} {value!r} is not a whole number")

@@ -77,3 +77,11 @@ def test_sizes_round_trip_through_every_size_unit(n):
 def test_formatting_then_parsing_keeps_three_digits(value, dimension):
     text = units.format_quantity(value, dimension=dimension)
     assert units.parse_quantity(text, dimension) == pytest.approx(value, rel=5e-3)
+
+
+@pytest.mark.parametrize("text", ["²", "4²", "٣", "1٣K"])
+def test_digits_other_than_ascii_are_a_unit_error(text):
+    """Found by the fuzz test: str.isdigit() says yes to "²", which int() refuses."""
+    for parse in (lambda v: units.parse_count(v, name="n"), units.parse_size):
+        with pytest.raises(units.UnitError):
+            parse(text)
