@@ -49,6 +49,8 @@ FIELDS = (
           help="queue depths, e.g. [128, 32, 1]"),
     Field("patterns", "choices", default=list(PATTERNS), choices=tuple(PATTERNS)),
     Field("backend", "choice", default="auto", choices=BACKENDS),
+    Field("command_timeout", "duration", default="30 s",
+          help="an I/O outstanding this long is a stall, an error naming it (NVMe's default)"),
     Field("submit_batch", "count", default=1, minimum=0, maximum=engine.MAX_QUEUE_DEPTH,
           help="I/Os per io_uring submission (0: all ready; 1: each at once, as fio does)"),
     Field("steady_state", "table", fields=(
@@ -130,7 +132,8 @@ def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int,
     size = table["size"]
     job = target.job(op=op, pattern=layout, block_size=bs, queue_depth=qd,
                      workers=table["workers"], submit_batch=min(table["submit_batch"], qd),
-                     size=size, runtime=runtime, backend=table["backend"], seed=seed)
+                     size=size, runtime=runtime, backend=table["backend"], seed=seed,
+                     command_timeout=table["command_timeout"])
     job = target.prepare(job)
     before = target.device_stat()
     result = engine.run_job(job, progress=progress)
@@ -155,7 +158,8 @@ def precondition(target: Target, table: dict, passes: int, progress=None) -> Non
         return
     size = table["size"] // PRECONDITION_BS * PRECONDITION_BS
     job = target.job(op="write", pattern="sequential", block_size=PRECONDITION_BS,
-                     queue_depth=32, size=size, bytes=passes * size, backend=table["backend"])
+                     queue_depth=32, size=size, bytes=passes * size, backend=table["backend"],
+                     command_timeout=table["command_timeout"])
     job = target.prepare(job)
     if progress:
         progress(f"preconditioning {target.spec}: {passes} x {size >> 20} MiB sequential writes")
