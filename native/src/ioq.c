@@ -51,7 +51,7 @@ int resolve_backend(int requested, int *chosen)
     else if (requested == QUAL_BACKEND_AUTO)
         *chosen = QUAL_BACKEND_PSYNC;
     else
-        return qual_set_error(probe, "io_uring is unavailable here: %s", qual_last_error());
+        return qual_set_error(probe, "io_uring is unavailable here: %s", strerror(-probe));
     return 0;
 }
 
