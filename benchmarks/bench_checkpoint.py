@@ -30,7 +30,7 @@ from qual.workloads.checkpoint.plan import MODELS, RECIPES
 def native(target: Target, size: int, seed: int) -> dict:
     """One checkpoint of `size` bytes by one rank, restored, with torch on the same tensors."""
     params = MODELS["llama3.1-8b"].parameters() * RECIPES["mixed-adam"].bytes_per_param()
-    table = family_table(checkpoint.NAME, {
+    table = family_table(checkpoint.FAMILY, {
         "model": "llama3.1-8b", "recipe": "mixed-adam", "scale": size / params, "passes": 1,
         "per_pass": 1, "retention": 1, "restore": True, "baseline": True,
         "baseline_bytes": 2 * size, "pool": 2 * size, "chunk_size": "8 MiB", "queue_depth": 8})

@@ -84,7 +84,7 @@ def main() -> int:
     if ready is None:
         return 2
     folder, target = ready
-    table = family_table(gnn.NAME, {"size": args.size, "scale": args.scale,
+    table = family_table(gnn.FAMILY, {"size": args.size, "scale": args.scale,
                                     "cache_share": args.cache_share,
                                     "cpu_buffer_share": args.cpu_buffer_share,
                                     "queue_depth": args.queue_depth, "memory_budget": "cgroup"})

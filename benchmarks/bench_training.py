@@ -85,7 +85,7 @@ def main() -> int:
     if ready is None:
         return 2
     _, target = ready
-    table = family_table(training.NAME, {
+    table = family_table(training.FAMILY, {
         "workload": args.workload, "files": args.files, "record_scale": args.record_scale,
         "computation_time": 0, "read_threads": args.read_threads,
         "accelerators": [args.accelerators], "epochs": [1], "block_size": args.bs,

@@ -1,9 +1,9 @@
-"""What a workload family declares: its metrics, its profile table, and what it will measure."""
+"""The words a workload family declares itself in: its metrics (with the parameters that
+select a measurement) and the fields of its profile table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from qual import units
 
@@ -60,19 +60,6 @@ class Field:
     maximum: int | None = None
     fields: tuple[Field, ...] = ()
     help: str = ""
-
-
-@dataclass(frozen=True)
-class Family:
-    """A workload family: the name of its profile table, its fields and metrics, a check of a
-    parsed table (returns (key, problem) pairs), and the measurement ids it will produce."""
-
-    name: str
-    description: str
-    fields: tuple[Field, ...]
-    metrics: dict[str, Metric]
-    check: Callable[[dict], list[tuple[str, str]]] = field(default=lambda table: [])
-    cells: Callable[[dict], list[str]] = field(default=lambda table: [])
 
 
 def format_block(size: int) -> str:

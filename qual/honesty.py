@@ -8,7 +8,7 @@ import math
 import re
 
 from qual.engine import IoResult, QualError
-from qual.target import Identity
+from qual.target import DeviceStat, Identity
 from qual.units import format_quantity
 
 DEVICE_SHARE = 0.9  # the device must see at least this share of the bytes a job moved
@@ -43,6 +43,26 @@ def check_link(bw: float, identity: Identity, target: str, what: str) -> None:
                            f"({ceiling / 1e9:.3g} GB/s)", target)
 
 
+def between(before: DeviceStat | None, after: DeviceStat | None) -> dict | None:
+    """What the block device counted between two snapshots; None where there is no block
+    device to ask (a tmpfs, a FUSE mount)."""
+    return after.since(before) if before is not None and after is not None else None
+
+
+def check_device(seen: dict | None, key: str, moved: int, what: str, target: str) -> dict:
+    """Device truth: bytes a workload says went to (or came from) the device must show in the
+    device's own `key` counter (read_bytes, write_bytes), at least DEVICE_SHARE of them; else
+    a cache served them and the figure is not the device's. Returns what was checked."""
+    if seen is None:
+        return {"device_truth": "unavailable (no block device under the target)"}
+    if seen[key] < DEVICE_SHARE * moved:
+        raise _implausible(
+            f"the device counted {format_quantity(seen[key], dimension='size')} of "
+            f"{format_quantity(moved, dimension='size')} of {what}: they did not reach the "
+            "device (a cache served them)", target)
+    return {"device_bytes": seen[key], "device_utilisation": seen.get("utilisation")}
+
+
 def check_io(result: IoResult, device: dict | None, identity: Identity) -> dict:
     """Raise ImplausibleMeasurement for a result that cannot be the device's; else return what
     was checked (recorded next to the measurement)."""
@@ -58,17 +78,9 @@ def check_io(result: IoResult, device: dict | None, identity: Identity) -> dict:
                 f"{job.rw} at {format_quantity(result.bandwidth, 'GiB/s')} exceeds what a "
                 f"{identity.link_speed} x{identity.link_width} link can carry "
                 f"({format_quantity(ceiling, 'GiB/s')})", job.target)
-    if device is None:
-        checked["device_truth"] = "unavailable (no block device under the target)"
-        return checked
-    seen = device["read_bytes"] if job.op == "read" else device["write_bytes"]
-    checked.update(device_bytes=seen, device_utilisation=device["utilisation"])
-    if job.direct and seen < DEVICE_SHARE * result.bytes:
-        raise _implausible(
-            f"the device {job.op} {format_quantity(seen, dimension='size')} while the job "
-            f"{job.op} {format_quantity(result.bytes, dimension='size')}: the data came from a "
-            "cache, not the device", job.target)
-    return checked
+    key = "read_bytes" if job.op == "read" else "write_bytes"
+    return {**checked, **check_device(device, key, result.bytes if job.direct else 0,
+                                      f"O_DIRECT {job.rw}", job.target)}
 
 
 def samples_needed(pct: float) -> int:

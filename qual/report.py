@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import html
-import io
 import json
 import math
 import time
@@ -14,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from qual import units
+from qual.charts import png, subplots
 
 # Allure categories, matched in order (allurereport.org: categories file). A threshold or
 # baseline violation is an AssertionError (status failed); an engine or target error is any
@@ -57,14 +56,6 @@ def environment(record: dict) -> dict[str, str]:
         "qual": record.get("qual_version"),
     }
     return {k: str(v) for k, v in env.items() if v not in (None, "")}
-
-
-def identity_label(ident: dict) -> str:
-    """"model (serial S, fw F)" from a record's identity."""
-    from qual.target import Identity
-
-    known = {f.name for f in dataclasses.fields(Identity)}
-    return Identity(**{k: v for k, v in ident.items() if k in known}).label()
 
 
 def drive_name(record: dict) -> str:
@@ -333,174 +324,12 @@ def write_summary_result(alluredir: Path, record: dict, profile, *, drive: str) 
 # ------------------------------------------------------------------ charts
 
 
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _subplots(*args, **kw):
-    """A figure whose titles, colour bars and labels are laid out not to overlap."""
-    return _figure().subplots(*args, layout="constrained", **kw)
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    _figure().close(fig)
-    return buf.getvalue()
-
-
-def bandwidth_heatmaps(measurements: list[dict], title: str) -> bytes:
-    """One heatmap per pattern: block size (rows) x queue depth (columns) -> GiB/s."""
-    cells = [m for m in measurements if m["metric"].endswith("_bw")]
-    patterns = sorted({m["metric"][:-3] for m in cells})
-    fig, axes = _subplots(1, max(1, len(patterns)), figsize=(4.2 * max(1, len(patterns)), 3.6),
-                             squeeze=False)
-    for ax, pattern in zip(axes[0], patterns):
-        mine = [m for m in cells if m["metric"] == f"{pattern}_bw"]
-        sizes = sorted({m["params"]["bs"] for m in mine}, reverse=True)
-        depths = sorted({m["params"]["qd"] for m in mine})
-        grid = [[math.nan] * len(depths) for _ in sizes]
-        for m in mine:
-            grid[sizes.index(m["params"]["bs"])][depths.index(m["params"]["qd"])] = \
-                units.convert(m["value"], "GiB/s")
-        im = ax.imshow(grid, cmap="viridis", aspect="auto")
-        ax.set_xticks(range(len(depths)), [str(d) for d in depths])
-        ax.set_yticks(range(len(sizes)), [units.format_quantity(s, "KiB").replace(" KiB", "K")
-                                          for s in sizes])
-        ax.set_xlabel("queue depth (I/Os in flight)")
-        ax.set_ylabel("block size (KiB)")
-        ax.set_title(pattern.replace("_", " "))
-        for i, row in enumerate(grid):
-            for j, v in enumerate(row):
-                if not math.isnan(v):
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
-        fig.colorbar(im, ax=ax, label="bandwidth (GiB/s)")
-    fig.suptitle(title)
-    return _png(fig)
-
-
-def latency_percentile_curve(bins: dict, title: str) -> bytes:
-    """Completion latency (us, log) against percentile, from histogram bins {ns: count}."""
-    points = sorted((int(k), int(v)) for k, v in bins.items())
-    total = sum(c for _, c in points)
-    xs, ys, seen = [], [], 0
-    for value, count in points:
-        seen += count
-        xs.append(100.0 * seen / total)
-        ys.append(value / 1e3)
-    fig, ax = _subplots(figsize=(6.4, 3.8))
-    # percentile axis stretched toward the tail: plot against -log10(1 - p)
-    tail = [-math.log10(max(1e-7, 1 - x / 100)) for x in xs]
-    ax.step(tail, ys, where="post")
-    ticks = [50, 90, 99, 99.9, 99.99, 99.999]
-    ax.set_xticks([-math.log10(1 - t / 100) for t in ticks], [f"{t:g}" for t in ticks])
-    ax.set_yscale("log")
-    ax.set_xlabel("percentile (%)")
-    ax.set_ylabel("completion latency (us)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    return _png(fig)
-
-
-def checkpoint_seconds_chart(result: dict) -> bytes:
-    """Seconds per checkpoint, in the order written, one colour per pass with its mean."""
-    fig, ax = _subplots(figsize=(6.4, 3.8))
-    n = 0
-    for p in range(1, result["passes"] + 1):
-        mine = [c["seconds"] for c in result["checkpoints"] if c["pass"] == p]
-        xs = list(range(n + 1, n + len(mine) + 1))
-        ax.plot(xs, mine, "o-", label=f"pass {p}")
-        if mine:
-            ax.hlines(sum(mine) / len(mine), xs[0] - 0.3, xs[-1] + 0.3, linestyles="dashed")
-        n += len(mine)
-    size = result["checkpoints"][0]["bytes"] / 1e9 if result["checkpoints"] else 0
-    ax.set_xlabel("checkpoint (in the order written)")
-    ax.set_ylabel("seconds per checkpoint (barrier to commit)")
-    ax.set_title(f"{result['plan']['model']} {size:.3g} GB checkpoints; dashed: pass mean")
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    return _png(fig)
-
-
-def gnn_stage_chart(result: dict) -> bytes:
-    """Seconds of the measured steps per stage, one bar per loader, and GIDS's hit rate."""
-    loaders = list(result["loaders"])
-    stages = ("sample", "gather", "transfer", "train")
-    fig, ax = _subplots(figsize=(6.4, 3.8))
-    bottom = [0.0] * len(loaders)
-    for stage in stages:
-        values = [result["loaders"][ld]["stages"][stage] for ld in loaders]
-        ax.bar(loaders, values, bottom=bottom, label=stage)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    steps = result["loaders"][loaders[0]]["measured"]
-    ax.set_ylabel(f"seconds for {steps} training steps")
-    ax.set_xlabel("feature loader")
-    cache = result["loaders"].get("gids", {}).get("cache")
-    rate = f"; GIDS hit rate {cache['hit_rate'] * 100:.0f} %" if cache else ""
-    ax.set_title(f"IGBH {result['dataset']['size']}: stage breakdown{rate}")
-    ax.legend()
-    return _png(fig)
-
-
-def gnn_cache_chart(result: dict) -> bytes:
-    """Where GIDS's feature requests were served from (CPU buffer, page cache, SSD), and its
-    page reads; the hit rate in the title."""
-    c = result["loaders"]["gids"]["cache"]
-    fig, (ax, bx) = _subplots(1, 2, figsize=(7.6, 3.6))
-    served = {"CPU buffer": c["cpu_hits"], "page cache": c["hits"], "SSD (miss)": c["misses"]}
-    ax.bar(list(served), list(served.values()), color=["tab:green", "tab:blue", "tab:red"])
-    ax.set_ylabel("feature requests (count)")
-    ax.set_title(f"served from; hit rate {c['hit_rate'] * 100:.0f} %")
-    bx.bar(["SSD page reads"], [c["reads"]], color="tab:red")
-    bx.set_ylabel("reads (count)")
-    bx.set_title(f"{c['read_bytes'] / 2**20:.0f} MiB read from the SSD")
-    for a in (ax, bx):
-        a.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"IGBH {result['dataset']['size']}: GIDS cache over the measured steps")
-    return _png(fig)
-
-
-def training_sweep_chart(result: dict, what: str) -> bytes:
-    """Training ingestion against the accelerator count, one line per epochs value: AU (with
-    the floor and the no-storage ceiling) when what is "au", else MiB/s read."""
-    fig, ax = _subplots(figsize=(6.4, 3.8))
-    for epochs in sorted({r["epochs"] for r in result["runs"]}):
-        runs = sorted((r for r in result["runs"] if r["epochs"] == epochs),
-                      key=lambda r: r["accelerators"])
-        xs = [r["accelerators"] for r in runs]
-        ys = [r["au_mean"] * 100 if what == "au" else r["bw_bytes"] / 2**20 for r in runs]
-        ax.plot(xs, ys, "o-", label=f"{epochs} epoch(s)")
-    if what == "au":
-        ax.axhline(result["au_floor"] * 100, color="r", linestyle="dashed", label="AU floor")
-        calib = sorted(result["calibration"].items())
-        if calib:
-            ax.plot([n for n, _ in calib], [c["au_mean"] * 100 for _, c in calib], "k:",
-                    label="no storage (ceiling)")
-        ax.set_ylabel("accelerator utilisation (%)")
-        ax.set_ylim(0, 105)
-    else:
-        ax.set_ylabel("sample bytes read (MiB/s)")
-        ax.set_ylim(bottom=0)
-    ax.set_xlabel("simulated accelerators")
-    ax.set_title(f"{result['workload']['name']}: {result['dataset']['files']} files, "
-                 f"mean {result['dataset']['mean_file_bytes'] / 2**20:.3g} MiB")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    return _png(fig)
-
-
 def baseline_chart(regressions, title: str) -> bytes:
     """Before/after per compared metric: the new value as a percentage of the baseline's,
     with the tolerance band; red beyond it on the worse side, green beyond it on the better."""
     rows = sorted((types.SimpleNamespace(**r) if isinstance(r, dict) else r for r in regressions),
                   key=lambda r: r.id)
-    fig, ax = _subplots(figsize=(7.2, max(2.4, 0.32 * len(rows) + 1.2)))
+    fig, ax = subplots(figsize=(7.2, max(2.4, 0.32 * len(rows) + 1.2)))
     ys = range(len(rows))
     ratio = [100 * (1 + r.change) for r in rows]  # "better" direction is always to the right
     colours = ["tab:red" if not r.passed else "tab:green" if r.improved else "tab:grey"
@@ -514,4 +343,4 @@ def baseline_chart(regressions, title: str) -> bytes:
     ax.set_xlabel("new run, % of baseline (right is better; bars at the tolerance)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
-    return _png(fig)
+    return png(fig)

@@ -20,8 +20,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from qual import shipped, units
-from qual.workloads import FAMILIES
-from qual.family import Family, Field, measurement_id
+from qual.family import Field, measurement_id
+from qual.workloads.base import Family, Settings
 from qual.record import DEFAULT_TOLERANCE
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate")
@@ -43,12 +43,12 @@ def profiles_dir() -> Path:
     return shipped("thresholds")
 
 
-def list_profiles() -> list[tuple[str, str, Path]]:
+def list_profiles(families: dict[str, Family]) -> list[tuple[str, str, Path]]:
     """(name, description, path) of every shipped profile, by name."""
     out = []
     for path in sorted(profiles_dir().glob("*.toml")):
         try:
-            desc = load_profile(path).description
+            desc = load_profile(path, families).description
         except ProfileError as e:
             desc = f"INVALID: {e.problems[0][2]}"
         out.append((path.stem, desc, path))
@@ -172,11 +172,12 @@ class Profile:
                                if c.tolerance is not None}}
 
 
-def load_profile(spec: str | Path) -> Profile:
-    """Load, inherit and validate a profile; raises ProfileError listing every problem."""
+def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
+    """Load, inherit and validate a profile against the registered families (name -> Family);
+    raises ProfileError listing every problem."""
     path = resolve_profile(spec)
     problems: list[tuple[str, str, str]] = []
-    chain = _load_chain(path, problems, [])
+    chain = _load_chain(path, families, problems, [])
     if problems:
         raise ProfileError(problems)
     top = chain[0]
@@ -191,7 +192,7 @@ def load_profile(spec: str | Path) -> Profile:
         for c in doc["criteria"]:
             criteria[c.id] = c  # a child's criterion replaces its parent's for the same id
     for family_name, table in tables.items():
-        family = FAMILIES[family_name]
+        family = families[family_name]
         _complete(family.fields, table, label, family_name, problems)
         if not problems:
             for key, problem in family.check(table):
@@ -202,7 +203,7 @@ def load_profile(spec: str | Path) -> Profile:
         if c.family not in tables:
             problems.append((c.file, c.origin.split(":", 1)[1],
                              f"[{c.family}] table is missing, so nothing measures {c.id}"))
-        elif not problems and c.id not in FAMILIES[c.family].cells(tables[c.family]):
+        elif not problems and c.id not in families[c.family].cells(tables[c.family]):
             inherited = f" (inherited by {label})" if c.file != label else ""
             problems.append((c.file, c.origin.split(":", 1)[1],
                              f"{c.id} is not measured with the [{c.family}] parameters of "
@@ -212,14 +213,15 @@ def load_profile(spec: str | Path) -> Profile:
     digest = hashlib.sha256(b"".join(d["raw"] for d in chain)).hexdigest()[:16]
     return Profile(name=info.get("name", path.stem), path=path, description=info["description"],
                    tolerance=info.get("tolerance", DEFAULT_TOLERANCE),
-                   files=tuple(d["path"] for d in chain), digest=digest, tables=tables,
+                   files=tuple(d["path"] for d in chain), digest=digest,
+                   tables={k: Settings(v) for k, v in tables.items()},
                    criteria=tuple(criteria.values()), gate=info.get("gate", DEFAULT_GATE))
 
 
-def family_table(family: str, given: dict, *, label: str = "flags") -> dict:
-    """A workload family's table from plain values (command-line flags, tests), checked and
+def family_table(fam: Family, given: dict, *, label: str = "flags") -> Settings:
+    """A workload family's settings from plain values (command-line flags, tests), checked and
     completed with defaults as a profile's would be; ProfileError lists every problem."""
-    fam = FAMILIES[family]
+    family = fam.name
     problems: list[tuple[str, str, str]] = []
     table = _parse_fields(fam.fields, given, label, family, problems)
     _complete(fam.fields, table, label, family, problems)
@@ -227,7 +229,7 @@ def family_table(family: str, given: dict, *, label: str = "flags") -> dict:
         problems += [(label, f"{family}.{k}", p) for k, p in fam.check(table)]
     if problems:
         raise ProfileError(problems)
-    return table
+    return Settings(table)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -237,7 +239,7 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _load_chain(path: Path, problems, seen: list[Path]) -> list[dict]:
+def _load_chain(path: Path, families: dict[str, Family], problems, seen: list[Path]) -> list[dict]:
     """This file's parsed document followed by those of the files it extends."""
     label = path.name
     if path in seen:
@@ -251,7 +253,7 @@ def _load_chain(path: Path, problems, seen: list[Path]) -> list[dict]:
         problems.append((label, "toml", str(e)))
         return []
     doc = {"path": path, "label": label, "raw": raw, "profile": {}, "tables": {}, "criteria": []}
-    _parse_document(data, doc, problems)
+    _parse_document(data, families, doc, problems)
     chain = [doc]
     parent = doc["profile"].pop("extends", None)
     if parent is not None:
@@ -261,20 +263,20 @@ def _load_chain(path: Path, problems, seen: list[Path]) -> list[dict]:
             problems.append((label, "profile.extends", f"no profile {parent!r} next to {label} "
                                                        "or among the shipped ones"))
         else:
-            chain += _load_chain(parent_path, problems, [*seen, path])
+            chain += _load_chain(parent_path, families, problems, [*seen, path])
     return chain
 
 
-def _parse_document(data: dict, doc: dict, problems) -> None:
+def _parse_document(data: dict, families: dict[str, Family], doc: dict, problems) -> None:
     label = doc["label"]
     for key, value in data.items():
         if key == "profile":
             doc["profile"] = _parse_profile_table(value, label, problems)
-        elif key in FAMILIES:
+        elif key in families:
             if not isinstance(value, dict):
                 problems.append((label, key, "must be a table"))
                 continue
-            family = FAMILIES[key]
+            family = families[key]
             table = dict(value)
             raw_criteria = table.pop("criteria", [])
             doc["tables"][key] = _parse_fields(family.fields, table, label, key, problems)
@@ -292,7 +294,7 @@ def _parse_document(data: dict, doc: dict, problems) -> None:
                     seen[c.id] = where
                     doc["criteria"].append(c)
         else:
-            known = ", ".join(["profile", *FAMILIES])
+            known = ", ".join(["profile", *families])
             problems.append((label, key, f"unknown table (known: {known})"))
     if "profile" not in data:
         problems.append((label, "profile", "missing [profile] table"))

@@ -179,3 +179,15 @@ def format_quantity(value: float, unit: str | None = None, *, dimension: str | N
 
 def format_size(value: float) -> str:
     return format_quantity(value, dimension="size")
+
+
+def format_duration(seconds: float) -> str:
+    """A span for a person: 850 ms, 12 s, 3 min 20 s, 1 h 05 min."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"

@@ -5,15 +5,15 @@ profile's [bandwidth] table."""
 import allure
 import pytest
 
-from qual import report
 from qual.workloads import bandwidth
+from qual.workloads.bandwidth import charts
 
 pytestmark = [pytest.mark.bandwidth, pytest.mark.usefixtures("drive_health")]
 
 
 def pytest_generate_tests(metafunc):
     if "cell" in metafunc.fixturenames:
-        from qual.plugin import qual_session
+        from qual.plugin.session import qual_session
 
         table = qual_session(metafunc.config).profile.table(bandwidth.NAME)
         cells = bandwidth.matrix(table) if table else []
@@ -27,7 +27,8 @@ def pytest_generate_tests(metafunc):
 def test_cell(cell, table, target, record, progress):
     """One cell of the matrix: bandwidth and IOPS for a pattern, block size and depth (a write
     cell in rounds until steady state where the profile asks for it)."""
-    record.add(bandwidth.run_cell(target, table, cell, seed=record.seed, say=progress))
+    record.outcome(bandwidth.run(target, table, seed=record.seed, progress=progress,
+                                 cells=[cell], latency=False), charts=False)
 
 
 @allure.feature("latency QoS")
@@ -35,11 +36,7 @@ def test_latency(table, target, record):
     """Random-read completion latency percentiles at the profile's block size and depth."""
     if "latency" not in table:
         pytest.skip("profile has no [bandwidth.latency] table")
-    measurements = bandwidth.run_latency(target, table, seed=record.seed)
-    record.add(measurements)
-    lat = table["latency"]
-    record.attach("latency percentiles", report.latency_percentile_curve(
-        measurements[0].samples, f"4K random read, depth {lat['depth']}: completion latency"))
+    record.outcome(bandwidth.run(target, table, seed=record.seed, cells=[]))
 
 
 @allure.feature("charts")
@@ -48,7 +45,7 @@ def test_charts(session_measurements, record):
     cells = [m.as_dict() for m in session_measurements if m.family == bandwidth.NAME]
     if not any(m["metric"].endswith("_bw") for m in cells):
         pytest.skip("no bandwidth cell ran in this process")
-    record.attach("bandwidth heatmap", report.bandwidth_heatmaps(cells, "bandwidth matrix (GiB/s)"))
+    record.attach("bandwidth heatmap", charts.heatmaps(cells, "bandwidth matrix (GiB/s)"))
 
 
 @allure.feature("drive health")

@@ -5,7 +5,6 @@ checkpoint restored and verified bit for bit, and torch.save / torch.load for co
 import allure
 import pytest
 
-from qual import report
 from qual.workloads import checkpoint
 
 pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive,
@@ -28,7 +27,7 @@ def outcome(table, target, request, progress):
 def test_passes(outcome, target, record):
     """Mean seconds per checkpoint in every pass, and each checkpoint's own seconds."""
     record.add(checkpoint.pass_measurements(outcome, str(target.path)))
-    record.attach("seconds per checkpoint", report.checkpoint_seconds_chart(outcome))
+    record.attach("seconds per checkpoint", outcome.charts()["seconds per checkpoint"])
 
 
 @allure.feature("checkpoint restore")

@@ -6,8 +6,8 @@ import allure
 import numpy as np
 import pytest
 
-from qual import report
 from qual.workloads import gnn
+from qual.workloads.gnn import charts
 
 pytestmark = [pytest.mark.gnn, pytest.mark.usefixtures("drive_health")]
 
@@ -21,31 +21,31 @@ def outcome(table, target, request, progress):
             gnn.remove(target)
 
 
-def _pick(outcome, target, *metrics):
-    return [m for m in gnn.measurements(outcome, str(target.path)) if m.metric in metrics]
+def _pick(outcome, *metrics):
+    return [m for m in outcome.measurements() if m.metric in metrics]
 
 
 @allure.feature("GNN accuracy")
-def test_accuracy(outcome, target, record):
+def test_accuracy(outcome, record):
     """Validation accuracy of RGAT trained through each loader."""
-    record.add(_pick(outcome, target, "gnn_accuracy"))
+    record.add(_pick(outcome, "gnn_accuracy"))
 
 
 @allure.feature("GNN speedup")
-def test_speedup(outcome, target, record):
+def test_speedup(outcome, record):
     """End-to-end seconds of the measured steps per loader, their stages, GIDS's speedup."""
-    record.add(_pick(outcome, target, "gnn_e2e_s", "gnn_stage_s", "gnn_speedup"))
-    record.attach("stage breakdown", report.gnn_stage_chart(outcome))
+    record.add(_pick(outcome, "gnn_e2e_s", "gnn_stage_s", "gnn_speedup"))
+    record.attach("stage breakdown", charts.stage_chart(outcome))
 
 
 @allure.feature("GNN cache")
-def test_cache(outcome, target, record):
+def test_cache(outcome, record):
     """GIDS's hit rate, the bandwidth it drew from the SSD, and each loader's delivered rate."""
     if "gids" not in outcome["loaders"]:
         pytest.skip("the profile does not run the GIDS loader")
-    record.add(_pick(outcome, target, "gnn_hit_rate", "gnn_ssd_bw", "gnn_effective_bw"))
+    record.add(_pick(outcome, "gnn_hit_rate", "gnn_ssd_bw", "gnn_effective_bw"))
     if outcome["loaders"]["gids"].get("cache"):
-        record.attach("GIDS cache", report.gnn_cache_chart(outcome))
+        record.attach("GIDS cache", charts.cache_chart(outcome))
 
 
 @pytest.mark.gpu

@@ -6,8 +6,8 @@ simulator's own AU ceiling, and whether the dataset is big enough to mean anythi
 import allure
 import pytest
 
-from qual import report
 from qual.workloads import training
+from qual.workloads.training import charts
 
 pytestmark = [pytest.mark.training, pytest.mark.usefixtures("drive_health")]
 
@@ -23,35 +23,35 @@ def outcome(table, target, request, progress):
             training.remove(target)
 
 
-def _pick(outcome, target, *metrics):
-    return [m for m in training.measurements(outcome, target) if m.metric in metrics]
+def _pick(outcome, *metrics):
+    return [m for m in outcome.measurements() if m.metric in metrics]
 
 
 @allure.feature("training AU")
-def test_utilisation(outcome, target, record):
+def test_utilisation(outcome, record):
     """Mean and lowest-epoch AU per accelerator count, and the no-storage ceiling."""
-    record.add(_pick(outcome, target, "train_au", "train_au_min_epoch", "train_au_ceiling"))
-    record.attach("AU vs accelerators", report.training_sweep_chart(outcome, "au"))
+    record.add(_pick(outcome, "train_au", "train_au_min_epoch", "train_au_ceiling"))
+    record.attach("AU vs accelerators", charts.sweep_chart(outcome, "au"))
 
 
 @allure.feature("training throughput")
-def test_throughput(outcome, target, record):
+def test_throughput(outcome, record):
     """Samples/s and bytes/s per accelerator count, and the share the device really read."""
-    record.add(_pick(outcome, target, "train_samples_per_s", "train_bw",
+    record.add(_pick(outcome, "train_samples_per_s", "train_bw",
                      "train_device_read_share"))
-    record.attach("MiB/s vs accelerators", report.training_sweep_chart(outcome, "bw"))
+    record.attach("MiB/s vs accelerators", charts.sweep_chart(outcome, "bw"))
 
 
 @allure.feature("accelerators per drive")
-def test_accelerators_per_drive(outcome, target, record):
+def test_accelerators_per_drive(outcome, record):
     """The most accelerators of the sweep that held the AU floor (MLPerf Storage's headline)."""
-    record.add(_pick(outcome, target, "train_max_accelerators"))
+    record.add(_pick(outcome, "train_max_accelerators"))
 
 
 @allure.feature("training dataset size")
-def test_dataset_size(outcome, target, record):
+def test_dataset_size(outcome, record):
     """Files against MLPerf Storage's minimum (500 steps of every accelerator, 5x host RAM)."""
-    record.add(_pick(outcome, target, "train_dataset_share"))
+    record.add(_pick(outcome, "train_dataset_share"))
 
 
 @allure.feature("drive health")

@@ -33,7 +33,7 @@ def tiny(**over):
     given = {"model": "llama3.1-8b", "tp": 2, "scale": 1e-4, "passes": 1, "per_pass": 1,
              "retention": 2, "restore": False, "baseline": False, "chunk_size": "256 KiB"}
     given.update(over)
-    return family_table(checkpoint.NAME, given)
+    return family_table(checkpoint.FAMILY, given)
 
 
 # ------------------------------------------------------------------ the plan

@@ -12,10 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qual import cli, units
+from qual.workloads import registry
 from qual.thresholds import ProfileError, load_profile
-from qual.workloads import FAMILIES
 
 from testbed import time_limit
+
+FAMILIES = registry()
 
 values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
@@ -92,7 +94,7 @@ def test_a_profile_loads_or_says_what_is_wrong(tmp_path, text):
     path = tmp_path / "fuzz.toml"
     path.write_text(text)
     try:
-        profile = load_profile(path)
+        profile = load_profile(path, registry())
     except ProfileError as e:
         assert e.problems and all(where for _, where, _ in e.problems), text
         assert "fuzz.toml" in str(e)

@@ -12,6 +12,7 @@ import pytest
 from qual.engine import DataMismatch, FeatureCache
 from qual.target import Target
 from qual.thresholds import family_table
+from qual.workloads import gnn
 from qual.workloads.gnn import store as feature_store
 from qual.workloads.gnn.graph import Graph, hot_rows, sample
 from qual.workloads.gnn.igbh import FEATURE_DIM, NODE_TYPES, RELATIONS, generate
@@ -304,4 +305,4 @@ def test_bad_gnn_flags_are_refused_before_any_io(tmp_path):
     assert proc.returncode == 2 and "--fanouts" in proc.stderr
     assert not list(tmp_path.iterdir())
     with pytest.raises(Exception, match="multiple of"):
-        family_table("gnn", {"hidden": 30, "heads": 4})
+        family_table(gnn.FAMILY, {"hidden": 30, "heads": 4})

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qual.target import Target
+from qual.workloads import registry
 from qual.thresholds import load_profile
 from qual.workloads.health import DATA_UNIT, Snapshot, measurements, unavailable
 
@@ -23,7 +24,7 @@ def snapshot(name: str) -> Snapshot:
 def verdicts(after: str, family: str = "integrity") -> dict[str, bool]:
     """Metric -> passed, for the gen5-tlc profile's health criteria over healthy-before ->
     `after` during `family`."""
-    profile = load_profile("gen5-tlc")
+    profile = load_profile("gen5-tlc", registry())
     out = {}
     for m in measurements(family, snapshot("healthy-before"), snapshot(after), target="t",
                           wctemp_k=WCTEMP_K, kernel_written=16 << 30):

@@ -140,12 +140,12 @@ def test_bad_parameters_are_refused_before_any_io(tmp_path):
             verify_blocks(path, **{**args, **kw})
     assert sha256_of(path) == before
     with pytest.raises(ProfileError) as e:
-        family_table(integrity.NAME, {"size": "1000000", "block_size": "64K"})
+        family_table(integrity.FAMILY, {"size": "1000000", "block_size": "64K"})
     assert any(k.endswith("size") for _, k, _ in e.value.problems)
 
 
 def test_the_workload_checks_every_generation_on_a_directory_target(tmp_path):
-    table = family_table(integrity.NAME, {"size": "2 MiB", "block_size": "64K",
+    table = family_table(integrity.FAMILY, {"size": "2 MiB", "block_size": "64K",
                                           "queue_depth": 4, "generations": 3})
     target = Target(tmp_path)
     result = integrity.run_pattern(target, table, "random")
@@ -160,7 +160,7 @@ def test_the_workload_checks_every_generation_on_a_directory_target(tmp_path):
 @needs_root
 def test_a_guarded_loop_device_is_refused_and_untouched(loop_device):
     dev = loop_device(16 << 20)
-    table = family_table(integrity.NAME, {"size": "4 MiB", "block_size": "64K"})
+    table = family_table(integrity.FAMILY, {"size": "4 MiB", "block_size": "64K"})
     before = sha256_of(dev)
     for target in (Target(dev), Target(dev, allow_destructive=True, confirm_serial="wrong")):
         with pytest.raises(UnsafeTarget):
@@ -173,7 +173,7 @@ def test_a_confirmed_loop_device_is_verified(loop_device):
     dev = loop_device(16 << 20)
     probe = Target(dev)
     target = Target(dev, allow_destructive=True, confirm_serial=probe.identity.serial)
-    table = family_table(integrity.NAME, {"size": "4 MiB", "block_size": "64K"})
+    table = family_table(integrity.FAMILY, {"size": "4 MiB", "block_size": "64K"})
     result = integrity.run_pattern(target, table, "sequential")
     assert result["check"].bad_blocks == 0 and result["check"].blocks == 64
 

@@ -54,7 +54,7 @@ def test_ctrl_c_during_dataset_generation_leaves_an_incomplete_dataset_that_is_r
     args = ["train", "--target", str(tmp_path), "--files", "96", "--record-scale", "0.1",
             "--computation-time", "1ms", "--keep"]
     proc = start(*args)
-    w = training.workload_of(family_table(training.NAME, {"files": 96, "record_scale": 0.1,
+    w = training.workload_of(family_table(training.FAMILY, {"files": 96, "record_scale": 0.1,
                                                           "computation_time": "1ms",
                                                           "accelerators": [1], "epochs": [1]}))
     folder = tmp_path / dataset.FOLDER / w.name
@@ -88,4 +88,4 @@ def test_ctrl_c_stops_a_suite_run_and_leaves_no_record_claiming_a_verdict(tmp_pa
     if record.exists():  # what ran is recorded, and the verdict is not a pass
         assert json.loads(record.read_text())["summary"]["verdict"] != "PASS"
     assert not (tmp_path / ".qual" / SCRATCH_NAME).exists() or \
-        read_marker(tmp_path / ".qual" / SCRATCH_NAME) is not None
+        prove(tmp_path / ".qual" / SCRATCH_NAME) is not None

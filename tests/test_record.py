@@ -5,6 +5,7 @@ import json
 import pytest
 
 from qual.record import Baseline, SCHEMA, measure, summarize
+from qual.workloads import registry
 from qual.thresholds import load_profile
 from qual.workloads.bandwidth import METRICS
 
@@ -50,7 +51,7 @@ def test_a_file_that_is_not_a_run_record_is_refused(tmp_path):
 
 
 def test_verdict_of_a_run():
-    profile = load_profile("ci")
+    profile = load_profile("ci", registry())
     judged = [{"id": c.id, "passed": True} for c in profile.criteria]
     ok = [{"outcome": "passed", "verdicts": judged, "measurements": []}]
     assert summarize(ok, profile)["verdict"] == "PASS"

@@ -57,7 +57,7 @@ def test_a_write_cell_runs_in_rounds_and_reports_its_window(tmp_path):
     from qual.thresholds import family_table
     from qual.workloads import bandwidth
 
-    table = family_table(bandwidth.NAME, {
+    table = family_table(bandwidth.FAMILY, {
         "size": "8 MiB", "runtime": "0.05 s", "block_sizes": ["64K"], "depths": [4],
         "patterns": ["seq_write", "seq_read"],
         "steady_state": {"max_rounds": 7, "precondition_passes": 2}})

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qual import thresholds
+from qual.workloads import registry
 from qual.thresholds import ProfileError, load_profile
 
 GOOD = """
@@ -40,12 +41,12 @@ def write(tmp_path, text, name="p.toml"):
 
 def problems(tmp_path, text):
     with pytest.raises(ProfileError) as e:
-        load_profile(write(tmp_path, text))
+        load_profile(write(tmp_path, text), registry())
     return str(e.value)
 
 
 def test_good_profile_loads(tmp_path):
-    p = load_profile(write(tmp_path, GOOD))
+    p = load_profile(write(tmp_path, GOOD), registry())
     assert p.name == "p" and p.description == "test class"
     t = p.table("bandwidth")
     assert t["size"] == 64 << 20 and t["block_sizes"] == [1 << 20, 4096] and t["depths"] == [32, 1]
@@ -137,7 +138,7 @@ def test_extends_inherits_and_overrides(tmp_path):
         unit = "ms"
         source = "proposal"
         """, "child.toml")
-    p = load_profile(child)
+    p = load_profile(child, registry())
     t = p.table("bandwidth")
     assert t["depths"] == [32, 8, 1] and t["size"] == 64 << 20  # overridden, inherited
     assert [c.id for c in p.criteria] == ["seq_read_bw[bs=1M,qd=32]",
@@ -152,21 +153,21 @@ def test_extends_cycle_is_refused(tmp_path):
     b = write(tmp_path, GOOD.replace('description = "test class"',
                                      'description = "b"\nextends = "a"'), "b.toml")
     with pytest.raises(ProfileError, match="extends itself through b.toml -> a.toml -> b.toml"):
-        load_profile(b)
+        load_profile(b, registry())
 
 
 def test_unknown_profile_name_lists_the_shipped_ones():
     with pytest.raises(ProfileError, match="shipped: .*ci.*gen5-tlc"):
-        load_profile("no-such-profile")
+        load_profile("no-such-profile", registry())
 
 
 def test_shipped_profiles_load_and_cite_their_sources():
-    shipped = {name: path for name, _, path in thresholds.list_profiles()}
+    shipped = {name: path for name, _, path in thresholds.list_profiles(registry())}
     assert {"ci", "gen5-tlc", "gen4-qlc", "nvme-rig"} <= shipped.keys()
     for name in shipped:
-        p = load_profile(name)
+        p = load_profile(name, registry())
         assert all(c.source for c in p.criteria)
-    gen5, gen4 = load_profile("gen5-tlc"), load_profile("gen4-qlc")
+    gen5, gen4 = load_profile("gen5-tlc", registry()), load_profile("gen4-qlc", registry())
     gib = 2**30
     assert gen5.criteria_for("seq_read_bw[bs=1M,qd=128]")[0].min == pytest.approx(6.2 * gib)
     assert gen4.criteria_for("seq_read_bw[bs=1M,qd=128]")[0].min == pytest.approx(4.2 * gib)
@@ -179,7 +180,7 @@ def test_shipped_profiles_load_and_cite_their_sources():
 
 
 def test_verdict_line_reads_as_design_says(tmp_path):
-    p = load_profile(write(tmp_path, GOOD.replace("min = 6.0", "min = 6.0\nseverity = \"critical\"")))
+    p = load_profile(write(tmp_path, GOOD.replace("min = 6.0", "min = 6.0\nseverity = \"critical\"")), registry())
     (c,) = p.criteria
     (fail,) = c.judge(5.81 * 2**30)
     assert not fail.passed
@@ -196,7 +197,7 @@ def test_loader_never_crashes_on_garbage(tmp_path_factory, junk):
     path = tmp_path_factory.mktemp("junk") / "j.toml"
     path.write_text(junk)
     try:
-        load_profile(path)
+        load_profile(path, registry())
     except ProfileError as e:
         assert all(f and k and p for f, k, p in e.problems)
 
@@ -216,7 +217,7 @@ def test_loader_validates_any_bandwidth_table(tmp_path_factory, table):
     path = tmp_path_factory.mktemp("tbl") / "t.toml"
     path.write_text(text)
     try:
-        p = load_profile(path)
+        p = load_profile(path, registry())
     except ProfileError as e:
         assert all(k.startswith(("bandwidth", "profile", "toml")) for _, k, _ in e.problems)
     else:

@@ -31,7 +31,7 @@ def table(**kw) -> dict:
     given = {"workload": "unet3d-h100", "files": 42, "record_scale": 0.002,
              "computation_time": "20 ms", "read_threads": 2, "accelerators": [1],
              "epochs": [1], "shuffle_seed": 7, **kw}
-    return family_table(training.NAME, given)
+    return family_table(training.FAMILY, given)
 
 
 # ------------------------------------------------------------------ the sample reader

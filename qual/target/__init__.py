@@ -22,12 +22,12 @@ from qual import engine
 from qual.engine import IoJob, NoSpace, TargetUnavailable
 from qual.target import scratch
 from qual.target.guard import Refusal, UnsafeTarget, guard_refusals
-from qual.target.identity import DeviceStat, Identity, device_stat, read_identity
+from qual.target.identity import DeviceStat, Identity, device_stat, drive_label, read_identity
 from qual.target.scratch import fsync_dir, marker_path
 from qual.units import format_size
 
 __all__ = ["DEFAULT_TARGET", "SCRATCH_NAME", "DeviceStat", "Identity", "Refusal", "Target",
-           "UnsafeTarget", "device_stat", "fsync_dir", "guard_refusals", "marker_path"]
+           "UnsafeTarget", "device_stat", "drive_label", "fsync_dir", "guard_refusals", "marker_path"]
 
 DEFAULT_TARGET = ".qual/target.dat"
 SCRATCH_NAME = "qual-target.dat"

@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 SYS_BLOCK = Path("/sys/dev/block")
@@ -39,6 +39,21 @@ class Identity:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> Identity:
+        """An identity as a run record holds it (keys it does not know are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
+
+def drive_label(identity: Identity | dict | None, spec: str, *, several: bool = False) -> str:
+    """The one name of a drive in titles and summaries: "model (serial S, fw F)", with its
+    target path added when a run qualifies several drives."""
+    if isinstance(identity, dict):
+        identity = Identity.from_dict(identity)
+    label = identity.label() if identity else spec
+    return f"{label} at {spec}" if several else label
 
 
 @dataclass(frozen=True)

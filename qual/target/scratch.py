@@ -13,6 +13,7 @@ import fcntl
 import hmac
 import json
 import os
+import shutil
 import secrets
 import stat
 import struct
@@ -204,6 +205,38 @@ def own_folder(path: Path) -> Path:
                                 "directory (not a link), owned by the user running qual and "
                                 "writable by no one else", target=str(path))
     return path
+
+
+def made_by_qual(manifest: Path) -> bool:
+    """Whether a folder's manifest (JSON, written by qual when it made the folder) says so."""
+    try:
+        return json.loads(manifest.read_text()).get("created_by") == "qual"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def remove_made(root: Path, manifest: str) -> None:
+    """Remove only what qual made under `root`: each folder whose `manifest` file says qual
+    made it; then `root` itself if that left it empty. Anything else stays."""
+    if not root.is_dir() or root.is_symlink():
+        return
+    for d in root.iterdir():
+        if d.is_dir() and not d.is_symlink() and made_by_qual(d / manifest):
+            shutil.rmtree(d)
+    try:
+        root.rmdir()
+    except OSError:
+        pass  # not empty: someone else's files are there
+
+
+def drop_cache(path: str | Path) -> None:
+    """Evict a file's clean pages from the page cache, so the next read comes from the
+    device (written pages must be made durable first: dirty pages are not evicted)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

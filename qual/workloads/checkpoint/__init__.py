@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,11 +19,12 @@ from pathlib import Path
 
 from qual import honesty
 from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_for
-from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.checkpoint import ranks
-from qual.workloads.checkpoint.plan import MODELS, RECIPES, Layout, Plan, build_plan
+from qual.workloads.base import Family, Flags, Outcome, positive as _positive
+from qual.workloads.checkpoint import charts, ranks
+from qual.workloads.checkpoint.plan import MODELS, RECIPES, Layout, Plan, build_plan, describe
 from qual.workloads.checkpoint.store import CheckpointStore
 
 NAME = "checkpoint"
@@ -115,10 +117,6 @@ def _cells(table: dict) -> list[str]:
     return ids
 
 
-FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
-                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells)
-
-
 # ------------------------------------------------------------------ running it
 
 
@@ -172,7 +170,9 @@ def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
                 done = text[seen:text.rfind("\n") + 1]
                 seen += len(done)
                 for line in done.splitlines():
-                    progress(f"checkpoint {line}")
+                    count = re.match(r"(\d+)/(\d+) ", line)  # rank 0: "3/8 (pass 1): ..."
+                    progress(f"checkpoint {line}",
+                             int(count[1]) / int(count[2]) if count else None)
             time.sleep(0.1)
     finally:
         _stop(procs)
@@ -206,7 +206,7 @@ def _stop(procs) -> None:
 
 
 def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None,
-        per_pass: int | None = None, progress=None, faults=()) -> dict | None:
+        per_pass: int | None = None, progress=None, faults=()) -> CheckpointOutcome | None:
     """The checkpoint workload on a target's folder; returns rank 0's results. Launched by
     torchrun (RANK and WORLD_SIZE set), this process is one rank and only rank 0 returns
     results; otherwise the ranks are started here, one process each."""
@@ -258,7 +258,7 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     result["per_pass"] = per_pass
     result["passes"] = passes
     result["store"] = str(store.root)
-    return result
+    return CheckpointOutcome(result, target=str(target.path))
 
 
 def remove(target: Target) -> None:
@@ -268,13 +268,6 @@ def remove(target: Target) -> None:
 
 
 # ------------------------------------------------------------------ results into measurements
-
-
-def _check_device(what: str, seen: dict | None, key: str, moved: int, target: str) -> None:
-    if seen is not None and seen[key] < honesty.DEVICE_SHARE * moved:
-        raise honesty.ImplausibleMeasurement(
-            errno.EBADE, f"the device saw {seen[key] / 1e9:.3g} GB of a {what} that moved "
-            f"{moved / 1e9:.3g} GB: it did not reach the device", target=target)
 
 
 def pass_measurements(result: dict, target: str) -> list[Measurement]:
@@ -289,7 +282,8 @@ def pass_measurements(result: dict, target: str) -> list[Measurement]:
     for p in range(1, result["passes"] + 1):
         mine = [c for c in result["checkpoints"] if c["pass"] == p]
         for c in mine:
-            _check_device("checkpoint", c["device"], "write_bytes", c["bytes"], target)
+            honesty.check_device(c["device"], "write_bytes", c["bytes"], "checkpoint writes",
+                                     target)
             out.append(measure(NAME, METRICS["ckpt_each_s"], {"pass": p, "index": c["index"]},
                                c["seconds"], context={**common, "name": c["name"],
                                                       "rank_seconds": c["rank_seconds"],
@@ -314,7 +308,7 @@ def restore_measurements(result: dict, target: str) -> list[Measurement]:
     out = [measure(NAME, METRICS["ckpt_restore_intact"], {}, 1.0 if r["intact"] else 0.0,
                    context=ctx)]
     if r["bytes"]:
-        _check_device("restore", r["device"], "read_bytes", r["bytes"], target)
+        honesty.check_device(r["device"], "read_bytes", r["bytes"], "restore reads", target)
         out += [measure(NAME, METRICS["ckpt_restore_s"], {}, r["seconds"], context=ctx),
                 measure(NAME, METRICS["ckpt_restore_bw"], {}, r["bytes"] / r["seconds"],
                         context=ctx)]
@@ -341,3 +335,103 @@ def baseline_measurements(result: dict, target: str) -> list[Measurement]:
         out.append(measure(NAME, METRICS["ckpt_load_speedup"], {}, native / load_bw,
                            context={**ctx, "native_restore_bw": native}))
     return out
+
+
+class CheckpointOutcome(Outcome, dict):
+    """Rank 0's results (a dict, as the ranks report them) and the protocol's views of them."""
+
+    def __init__(self, result: dict, *, target: str):
+        dict.__init__(self, result)
+        self.target = target
+
+    def measurements(self) -> list[Measurement]:
+        out = pass_measurements(self, self.target)
+        if self["restore"]:
+            out += restore_measurements(self, self.target)
+        if self["torch"]:
+            out += baseline_measurements(self, self.target)
+        return out
+
+    def document(self) -> dict:
+        cps = self["checkpoints"]
+        size = cps[0]["bytes"] if cps else 0
+        seconds = [c["seconds"] for c in cps]
+        doc = {"bytes": size, "ranks": self["world"], "plan": self["plan"],
+               "backend": cps[0]["backend"] if cps else None, "write_s": seconds,
+               "write_bw_bytes": size * len(seconds) / sum(seconds) if seconds else 0.0,
+               "store": self["store"], "kept": self["kept"]}
+        r = self["restore"]
+        if r:
+            doc.update(restore_s=r["seconds"], restore_bw_bytes=r["bytes"] / r["seconds"]
+                       if r["bytes"] else 0.0, verified=r["intact"], restore_errors=r["errors"])
+        t = self["torch"]
+        if t:
+            doc.update(torch_save_bw_bytes=t["bytes"] / t["save_s"],
+                       torch_load_bw_bytes=t["bytes"] / t["load_s"])
+        return doc
+
+    def lines(self) -> list[str]:
+        doc = self.document()
+        gb = doc["bytes"] / 1e9
+        out = [f"checkpoint {i}: {gb:.3f} GB in {s:.2f} s ({gb / s:.2f} GB/s) [{doc['backend']}]"
+               for i, s in enumerate(doc["write_s"], 1)]
+        if self["restore"]:
+            out.append(f"restore: {doc['restore_s']:.2f} s ({doc['restore_bw_bytes'] / 1e9:.2f} "
+                       f"GB/s), verified: {doc['verified']}")
+            out += [f"  {e}" for e in doc["restore_errors"]]
+        if self["torch"]:
+            out.append(f"torch.save + fsync: {doc['torch_save_bw_bytes'] / 1e9:.2f} GB/s, "
+                       f"torch.load: {doc['torch_load_bw_bytes'] / 1e9:.2f} GB/s")
+        out.append(f"kept in {doc['store']}: {', '.join(doc['kept'])}")
+        return out
+
+    def charts(self) -> dict[str, bytes]:
+        return {"seconds per checkpoint": charts.seconds_chart(self)} if self["checkpoints"] \
+            else {}
+
+    def exit_status(self) -> int:
+        return 1 if self["restore"] and not self["restore"]["intact"] else 0
+
+
+def _plan_document(table: dict) -> tuple[dict, list[str]]:
+    """`qual checkpoint --plan`: every rank's size and the arithmetic, nothing written."""
+    plan = plan_of(table)
+    text = describe(plan)
+    return {**plan.summary(), "derivation": text}, text.splitlines()
+
+
+def _flags(p) -> None:
+    p.add_argument("--model", default="llama3.1-8b", choices=sorted(MODELS))
+    p.add_argument("--recipe", default="mixed-adam", choices=sorted(RECIPES))
+    p.add_argument("--tp", type=_positive, default=1, help="tensor-parallel ranks")
+    p.add_argument("--pp", type=_positive, default=1, help="pipeline-parallel ranks")
+    p.add_argument("--dp", type=_positive, default=1, help="data-parallel ranks")
+    p.add_argument("--zero", type=int, choices=(0, 1, 3), default=0, help="ZeRO stage")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink every tensor (0 < s <= 1)")
+    p.add_argument("--ranks", type=int, default=0,
+                   help="processes on this host (default: every rank of the layout)")
+    p.add_argument("--count", type=_positive, default=1, help="checkpoints to write")
+    p.add_argument("--restore", action="store_true", help="restore and verify the last one")
+    p.add_argument("--baseline", action="store_true",
+                   help="also time torch.save and torch.load of the same tensors")
+    p.add_argument("--keep", type=_positive, default=2, help="checkpoints kept (default 2)")
+    p.add_argument("--plan", action="store_true",
+                   help="print every rank's size and the arithmetic, and stop")
+    p.add_argument("--seed", type=int, default=1)
+
+
+def _given(args) -> dict:
+    return {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
+            "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
+            "passes": 1, "per_pass": args.count, "retention": args.keep,
+            "restore": args.restore, "baseline": args.baseline}
+
+
+FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
+                remove=remove,
+                flags=Flags(add=_flags, given=_given, keep=lambda args: True,
+                            dry_run=lambda args, table: _plan_document(table) if args.plan
+                            else None,
+                            shared_target=lambda: "RANK" in os.environ and
+                            "WORLD_SIZE" in os.environ))

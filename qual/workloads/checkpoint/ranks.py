@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from qual import engine
+from qual import engine, honesty
 from qual.engine import DataMismatch, QualError
 from qual.target import device_stat
+from qual.target.scratch import drop_cache
 from qual.workloads.checkpoint.plan import Layout, RankPlan, build_plan
 from qual.workloads.checkpoint.store import CheckpointStore, IncompleteCheckpoint, rank_file
 
@@ -139,7 +140,7 @@ class Rank:
                 "rank_seconds": [t["seconds"] for t in timing],
                 "rank_bytes": [t["bytes"] for t in timing],
                 "backend": timing[0]["backend"], "sync_s": max(t["sync_s"] for t in timing),
-                "device": after.since(before) if before and after else None}
+                "device": honesty.between(before, after)}
 
     def restore(self) -> dict | None:
         """Read back the newest committed checkpoint into fresh memory and compare."""
@@ -170,7 +171,7 @@ class Rank:
                 outcome["error"] = f"{mine['file']} was written for another plan"
             else:
                 path = Path(found["path"]) / mine["file"]
-                _drop_cache(path)
+                drop_cache(path)
         before = self.device()
         self.dist.barrier()
         t0 = time.monotonic()
@@ -197,7 +198,7 @@ class Rank:
                 "intact": all(r["intact"] for r in everyone),
                 "errors": [f"rank {r['rank']}: {r['error']}" for r in everyone if r["error"]],
                 "verified_bytes": sum(min(self.pool_bytes, r["bytes"]) for r in everyone),
-                "device": after.since(before) if before and after else None}
+                "device": honesty.between(before, after)}
 
     def torch_baseline(self) -> dict | None:
         """torch.save (+ fsync) and torch.load of this rank's first tensors, up to the
@@ -224,7 +225,7 @@ class Rank:
             f.flush()
             os.fsync(f.fileno())
         save_s = time.monotonic() - t0
-        _drop_cache(path)
+        drop_cache(path)
         before = self.device()
         self.dist.barrier()
         t0 = time.monotonic()
@@ -245,7 +246,7 @@ class Rank:
         return {"bytes": total, "save_s": max(r["save_s"] for r in everyone),
                 "load_s": max(r["load_s"] for r in everyone),
                 "file_bytes": sum(r["file_bytes"] for r in everyone),
-                "load_device": after.since(before) if before and after else None,
+                "load_device": honesty.between(before, after),
                 "round_trip_equal": all(r["same"] for r in everyone)}
 
     def run(self) -> dict | None:
@@ -279,15 +280,6 @@ class Rank:
                 "data_period": self.pool_bytes if self.pool_bytes < self.image else None,
                 "checkpoints": checkpoints, "restore": restore, "torch": baseline,
                 "kept": [p.name for p in self.store.complete()]}
-
-
-def _drop_cache(path: Path) -> None:
-    """Evict a file's pages, so a read comes from the device (a clean page goes at once)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _write_json(path: Path, doc: dict) -> None:

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from qual import honesty
 from qual.engine import BACKENDS, QualError, TargetUnavailable
-from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.workloads.base import Family, Flags, Outcome, positive
+from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.target.scratch import own_folder
+from qual.target.scratch import own_folder, remove_made
+from qual.workloads.gnn import charts
 from qual.workloads.gnn import store as feature_store
 from qual.workloads.gnn.igbh import CLASSES, IGBH, MARKER, SIZES, generate, synthetic_name
 
@@ -109,10 +112,6 @@ def _cells(table: dict) -> list[str]:
     return ids
 
 
-FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on IGBH",
-                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells)
-
-
 # ------------------------------------------------------------------ running it
 
 
@@ -176,7 +175,7 @@ def open_loader(name: str, table: dict, store, graph, labels, **common):
         budget.before_step
 
 
-def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
+def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutcome:
     """Both loaders train RGAT on the same batches; returns what each measured."""
     from qual.workloads.gnn.graph import Graph
     from qual.workloads.gnn.train import splits, train
@@ -194,27 +193,39 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
              "warmup": table["warmup"], "steps": table["steps"],
              "batch_size": table["batch_size"]}
     out = {"dataset": dataset.describe(), "store": store.as_dict(), "loaders": {}}
-    for name in table["loaders"]:
+    for i, name in enumerate(table["loaders"]):
+        share = 1 / len(table["loaders"])
+
+        def say(message, done=None, i=i):
+            if progress:
+                progress(message, None if done is None else (i + done) * share)
         store.drop_cache()  # every loader starts cold
         loader, setup, before = open_loader(name, table, store, graph, labels, **common)
-        window = {}
+        window, device = {}, {}
         hooks = {}
-        if name == "gids":  # the cache's counters of the measured steps only, as GIDS reports
-            hooks = {"window_start": lambda: loader.cache.stats(reset=True),
-                     "window_end": lambda: window.update(loader.cache.stats().as_dict())}
+        if name == "gids":  # the cache's counters of the measured steps only, as GIDS reports,
+            # and the device's own counters over the same steps (device truth)
+            def window_start():
+                loader.cache.stats(reset=True)
+                device["before"] = target.device_stat()
+
+            def window_end():
+                window.update(loader.cache.stats().as_dict())
+                device["seen"] = honesty.between(device.pop("before"), target.device_stat())
+            hooks = {"window_start": window_start, "window_end": window_end}
         try:
             t0 = time.perf_counter()
             trained = train(loader, relations, table=model, train_ids=train_ids,
-                            val_ids=val_ids, seed=seed, before_step=before, progress=progress,
+                            val_ids=val_ids, seed=seed, before_step=before, progress=say,
                             **hooks)
             result = {**trained.as_dict(), "setup": setup,
                       "wall_s": time.perf_counter() - t0}
             if name == "gids":
-                result["cache"] = window
+                result["cache"] = {**window, "device": device.get("seen")}
         finally:
             loader.close()
         out["loaders"][name] = result
-    return out
+    return GnnOutcome(out, target=str(target.path))
 
 
 def remove(target: Target) -> None:
@@ -223,15 +234,7 @@ def remove(target: Target) -> None:
     if folder is None:
         return
     feature_store.remove(folder)
-    root = folder / DATASETS
-    if root.is_dir():
-        for d in root.iterdir():
-            if (d / MARKER).exists() and json.loads((d / MARKER).read_text()).get("created_by") == "qual":
-                shutil.rmtree(d)
-        try:
-            root.rmdir()
-        except OSError:
-            pass
+    remove_made(folder / DATASETS, MARKER)
 
 
 # ------------------------------------------------------------------ results into measurements
@@ -257,8 +260,10 @@ def measurements(result: dict, target: str) -> list[Measurement]:
             out.append(measure(NAME, METRICS["gnn_hit_rate"], {}, c["hit_rate"],
                                context={**ctx, "cache": c}))
             if c["io_s"]:
+                checked = honesty.check_device(c.get("device"), "read_bytes", c["read_bytes"],
+                                               "GIDS feature reads", target)
                 out.append(measure(NAME, METRICS["gnn_ssd_bw"], {}, c["read_bytes"] / c["io_s"],
-                                   context={**ctx, "cache": c}))
+                                   context={**ctx, "cache": c, **checked}))
         if r["stages"]["gather"]:
             out.append(measure(NAME, METRICS["gnn_effective_bw"], {"loader": name},
                                r["rows"] * row_bytes / r["stages"]["gather"], context=ctx))
@@ -268,3 +273,88 @@ def measurements(result: dict, target: str) -> list[Measurement]:
                            context={"target": target, "gids_e2e_s": loaders["gids"]["e2e_s"],
                                     "mmap_e2e_s": loaders["mmap"]["e2e_s"]}))
     return out
+
+
+class GnnOutcome(Outcome, dict):
+    """What each loader measured (a dict, as `run` assembles it) and the protocol's views."""
+
+    def __init__(self, result: dict, *, target: str):
+        dict.__init__(self, result)
+        self.target = target
+
+    def measurements(self) -> list[Measurement]:
+        return measurements(self, self.target)
+
+    def document(self) -> dict:
+        loaders = self["loaders"]
+        row = self["store"]["row_bytes"]
+        doc = {"dataset": self["dataset"], "steps": next(iter(loaders.values()))["measured"],
+               "e2e_s": {k: v["e2e_s"] for k, v in loaders.items()},
+               "accuracy": {k: v["accuracy"] for k, v in loaders.items()},
+               "stages": {k: v["stages"] for k, v in loaders.items()},
+               "effective_bw_bytes": {k: v["rows"] * row / v["stages"]["gather"]
+                                      for k, v in loaders.items() if v["stages"]["gather"]},
+               "setup": {k: v["setup"] for k, v in loaders.items()}}
+        if "gids" in loaders and "mmap" in loaders:
+            doc["speedup"] = loaders["mmap"]["e2e_s"] / loaders["gids"]["e2e_s"]
+        c = loaders.get("gids", {}).get("cache")
+        if c:
+            doc["cache"] = {"hits": c["hits"], "misses": c["misses"],
+                            "cpu_buffer_hits": c["cpu_hits"], "ssd_reads": c["reads"],
+                            "ssd_read_bytes": c["read_bytes"], "hit_rate": c["hit_rate"],
+                            "writes": c["writes"]}
+        return doc
+
+    def lines(self) -> list[str]:
+        doc = self.document()
+        out = []
+        for name in doc["accuracy"]:
+            stages = ", ".join(f"{k} {v:.2f}" for k, v in doc["stages"][name].items())
+            out.append(f"{name}: {doc['e2e_s'][name]:.2f} s for {doc['steps']} steps ({stages}), "
+                       f"validation accuracy {doc['accuracy'][name] * 100:.1f} %")
+        if "speedup" in doc:
+            out.append(f"GIDS speedup over mmap: {doc['speedup']:.2f}x")
+        if "cache" in doc:
+            c = doc["cache"]
+            out.append(f"GIDS cache: hit rate {c['hit_rate'] * 100:.1f} % ({c['hits']} hits, "
+                       f"{c['cpu_buffer_hits']} CPU-buffer hits, {c['misses']} misses, "
+                       f"{c['ssd_reads']} SSD reads)")
+        return out
+
+    def charts(self) -> dict[str, bytes]:
+        out = {"stage breakdown": charts.stage_chart(self)}
+        if self["loaders"].get("gids", {}).get("cache"):
+            out["GIDS cache"] = charts.cache_chart(self)
+        return out
+
+
+def _flags(p) -> None:
+    p.add_argument("--dataset", default="synthetic",
+                   help="'synthetic' (generated on the target) or the root of a downloaded IGBH")
+    p.add_argument("--size", default="tiny", choices=list(SIZES))
+    p.add_argument("--scale", type=float, default=1.0, help="synthetic: share of the nodes")
+    p.add_argument("--loader", default="both", choices=("gids", "mmap", "both"))
+    p.add_argument("--steps", type=positive, default=100, help="measured steps (seed: 100)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--epochs", type=positive, default=1)
+    p.add_argument("--batch-size", type=positive, default=512)
+    p.add_argument("--fanouts", default="10,5", help="neighbours per hop, e.g. 10,5")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the generated dataset and feature store for the next run")
+    p.add_argument("--seed", type=int, default=1)
+
+
+def _given(args) -> dict:
+    try:
+        fanouts = [int(f) for f in args.fanouts.split(",")]
+    except ValueError:
+        fanouts = args.fanouts  # the table check says what is wrong with it
+    return {"dataset": args.dataset, "size": args.size, "scale": args.scale,
+            "loaders": list(LOADERS) if args.loader == "both" else [args.loader],
+            "steps": args.steps, "warmup": args.warmup, "epochs": args.epochs,
+            "batch_size": args.batch_size, "fanouts": fanouts}
+
+
+FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on "
+                "IGBH", fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
+                remove=remove, flags=Flags(add=_flags, given=_given))

@@ -14,7 +14,7 @@ import numpy as np
 
 from qual import engine
 from qual.engine import DataMismatch
-from qual.target.scratch import own_folder
+from qual.target.scratch import drop_cache, own_folder
 from qual.workloads.gnn.igbh import FEATURE_DIM, IGBH, NODE_TYPES
 
 FOLDER = "qual-gnn"
@@ -47,11 +47,7 @@ class FeatureStore:
         return raw[:, :self.row_bytes].view(np.float32)
 
     def drop_cache(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_cache(self.path)
 
     def verify(self, dataset: IGBH | None = None) -> None:
         """Check every type's CRC; with the dataset, also every row against its source file."""

@@ -92,7 +92,7 @@ def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.
             if step == warmup + measure and window_end:
                 window_end()
             if progress and step % 10 == 0:
-                progress(f"{loader.name}: step {step}/{total}, loss {losses[-1]:.3f}")
+                progress(f"{loader.name}: step {step}/{total}, loss {losses[-1]:.3f}", step / total)
         batches.close()
     return Training(loader.name, step, min(measure, max(0, step - warmup)), e2e, stages, rows,
                     accuracy(model, loader, val_ids), losses)

@@ -5,7 +5,6 @@ the AU floor (MLPerf Storage's accelerators per drive), and the simulator's own 
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import secrets
@@ -15,11 +14,12 @@ import numpy as np
 
 from qual import engine, honesty
 from qual.engine import BACKENDS
-from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.workloads.base import Family, Flags, Outcome, positive
+from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.units import format_size
-from qual.workloads.training import accelerators, configs, dataset
+from qual.workloads.training import accelerators, charts, configs, dataset
 from qual.workloads.training.accelerators import Epoch, Plan
 from qual.workloads.training.configs import WORKLOADS, Workload
 
@@ -113,11 +113,6 @@ def _cells(table: dict) -> list[str]:
     return ids
 
 
-FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
-                "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
-                check=_check, cells=_cells)
-
-
 # ------------------------------------------------------------------ running it
 
 
@@ -203,7 +198,7 @@ def _summary(epochs: list[Epoch], plan: Plan, backend: str, table: dict, n: int,
 
 
 def run(target: Target, table: dict, *, seed: int | None = None, faults=(),
-        progress=None) -> dict:
+        progress=None) -> TrainingOutcome:
     """The sweep of the profile: the dataset (generated once), then for every accelerator count
     a calibration run without storage and a run per epochs value."""
     w = workload_of(table)
@@ -219,19 +214,27 @@ def run(target: Target, table: dict, *, seed: int | None = None, faults=(),
            "dataset": data.as_dict(), "host_memory": memory, "shuffle_seed": seed,
            "au_floor": au_floor(table), "generate_s": time.perf_counter() - t0,
            "rule": {}, "calibration": {}, "runs": []}
+    points = len(table["accelerators"]) * (len(table["epochs"]) + bool(table["calibrate"]))
+    done = 0
+
+    def say(message, _=None):
+        if progress:
+            progress(message, done / points)
     for n in table["accelerators"]:
         need = configs.minimum_files(w, n, memory)
         out["rule"][n] = {"files": data.files, "minimum_files": need,
                           "share": data.files / need}
         if table["calibrate"]:
             out["calibration"][n] = _sweep_point(data, table, target, n, 1, seed,
-                                                 calibration=True, progress=progress)
+                                                 calibration=True, progress=say)
+            done += 1
         for e in table["epochs"]:
             out["runs"].append(_sweep_point(data, table, target, n, e, seed, faults=faults,
-                                            progress=progress))
+                                            progress=say))
+            done += 1
     out["max_accelerators"] = {e: max_accelerators(out["runs"], e, out["au_floor"])
                                for e in table["epochs"]}
-    return out
+    return TrainingOutcome(out, target=target)
 
 
 def au_floor(table: dict) -> float:
@@ -268,13 +271,10 @@ def _check_run(r: dict, target: Target) -> dict:
     checked = {"path": r["path"], "backend": r["backend"]}
     honesty.check_link(r["bw_bytes"], target.identity, target.spec, "training reads")
     seen = r["device_read_bytes"]
-    if seen is None:
-        checked["device_truth"] = "unavailable (no block device under the target)"
-    elif r["path"] == "O_DIRECT" and seen < honesty.DEVICE_SHARE * r["bytes"]:
-        raise honesty.ImplausibleMeasurement(
-            errno.EBADE, f"the device read {format_size(seen)} of {format_size(r['bytes'])} of "
-            "O_DIRECT sample reads: they did not come from the device", target=target.spec)
-    return checked
+    device = None if seen is None else {"read_bytes": seen}
+    return {**checked, **honesty.check_device(device, "read_bytes", r["bytes"] if r["path"] ==
+                                              "O_DIRECT" else 0, "O_DIRECT sample reads",
+                                              target.spec)}
 
 
 def measurements(result: dict, target: Target) -> list[Measurement]:
@@ -315,3 +315,83 @@ def measurements(result: dict, target: Target) -> list[Measurement]:
                                     "swept": sorted({r["accelerators"] for r in result["runs"]})}))
     return out
 
+
+
+class TrainingOutcome(Outcome, dict):
+    """The sweep's results (a dict, as `run` assembles it) and the protocol's views of them."""
+
+    def __init__(self, result: dict, *, target: Target):
+        dict.__init__(self, result)
+        self.target = target
+
+    def measurements(self) -> list[Measurement]:
+        return measurements(self, self.target)
+
+    def document(self) -> dict:
+        """The first sweep point: one accelerator count, one epochs value (as the CLI runs)."""
+        r = self["runs"][0]
+        n = r["accelerators"]
+        calib = self["calibration"].get(n)
+        return {"workload": self["workload"]["name"], "accelerators": n, "epochs": r["epochs"],
+                "backend": r["backend"], "path": r["path"], "au_mean": r["au_mean"],
+                "au_min_epoch": r["au_min_epoch"], "samples_per_s": r["samples_per_s"],
+                "bw_bytes": r["bw_bytes"], "bytes": r["bytes"],
+                "device_read_bytes": r["device_read_bytes"],
+                "au_ceiling": calib["au_mean"] if calib else None,
+                "steps_per_epoch": r["steps_per_epoch"], "shuffle_seed": self["shuffle_seed"],
+                "dataset": self["dataset"], "dataset_rule": self["rule"][n],
+                "caveats": caveats(self, n), "per_epoch": r["per_epoch"]}
+
+    def lines(self) -> list[str]:
+        doc = self.document()
+        out = [f"epoch {e['epoch']}: AU {e['au_mean'] * 100:.1f} %, {e['samples_per_s']:.1f} "
+               f"samples/s, {e['bw_bytes'] / 2**20:.0f} MiB/s, device read "
+               + (format_size(e["device"]["read_bytes"]) if e["device"] else "unknown")
+               for e in doc["per_epoch"]]
+        ceiling = f", ceiling without storage {doc['au_ceiling'] * 100:.1f} %" \
+            if doc["au_ceiling"] is not None else ""
+        out.append(f"{doc['workload']}, {doc['accelerators']} accelerator(s) [{doc['backend']}, "
+                   f"{doc['path']}]: AU mean {doc['au_mean'] * 100:.1f} %, lowest epoch "
+                   f"{doc['au_min_epoch'] * 100:.1f} %{ceiling}; {doc['samples_per_s']:.1f} "
+                   f"samples/s, {doc['bw_bytes'] / 2**20:.0f} MiB/s")
+        out += [f"CAVEAT: {c}" for c in doc["caveats"]]
+        return out
+
+    def charts(self) -> dict[str, bytes]:
+        return {"AU vs accelerators": charts.sweep_chart(self, "au"),
+                "MiB/s vs accelerators": charts.sweep_chart(self, "bw")}
+
+
+def _flags(p) -> None:
+    p.add_argument("--workload", default="unet3d-h100", choices=list(WORKLOADS))
+    p.add_argument("--accelerators", type=positive, default=1)
+    p.add_argument("--epochs", type=positive, default=1)
+    p.add_argument("--files", type=positive, default=None, help="default: the workload's")
+    p.add_argument("--record-scale", type=float, default=1.0,
+                   help="scales every sample's size, for small targets")
+    p.add_argument("--batch-size", type=positive, default=None)
+    p.add_argument("--computation-time", default=None, help="per step, e.g. 0.323s or 50ms")
+    p.add_argument("--read-threads", type=positive, default=None)
+    p.add_argument("--bs", default="1M", help="bytes per read (default 1M)")
+    p.add_argument("--iodepth", type=positive, default=8, help="reads in flight per thread")
+    p.add_argument("--page-cache", action="store_true", help="read without O_DIRECT")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip the no-storage run that measures the AU ceiling")
+    p.add_argument("--seed", type=int, default=None,
+                   help="file order seed (default: a new one every run)")
+    p.add_argument("--keep", action="store_true", help="keep the dataset for the next run")
+
+
+def _given(args) -> dict:
+    return {"workload": args.workload, "accelerators": [args.accelerators],
+            "epochs": [args.epochs], "files": args.files, "record_scale": args.record_scale,
+            "batch_size": args.batch_size, "computation_time": args.computation_time,
+            "read_threads": args.read_threads, "block_size": args.bs,
+            "queue_depth": args.iodepth, "direct": not args.page_cache,
+            "calibrate": not args.no_calibrate, "shuffle_seed": args.seed}
+
+
+FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
+                "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
+                check=_check, cells=_cells,
+                run=run, remove=remove, command="train", flags=Flags(add=_flags, given=_given))

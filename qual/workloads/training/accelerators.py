@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qual import honesty
 from qual.engine import Cancelled, QualError
 
 
@@ -244,5 +245,5 @@ def run_epoch(plan: Plan, paths: list[str], order: np.ndarray, *, index: int,
     return Epoch(index=index, steps=plan.steps, batch=plan.batch,
                  au=[utilisation(s) for s in times], bytes=sum(ld.bytes for ld in loaders),
                  wall_s=end - start,
-                 device=after.since(before) if before is not None and after is not None else None,
+                 device=honesty.between(before, after),
                  step_times=times)

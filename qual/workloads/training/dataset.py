@@ -17,7 +17,7 @@ import numpy as np
 from qual import engine
 from qual.engine import IoJob, NoSpace, TargetUnavailable
 from qual.target import Target
-from qual.target.scratch import fsync_dir, own_folder
+from qual.target.scratch import drop_cache, fsync_dir, own_folder, remove_made
 from qual.units import format_size
 from qual.workloads.training.configs import Workload
 
@@ -50,11 +50,7 @@ class Dataset:
     def drop_cache(self) -> None:
         """Evict the files' pages, so that a page-cache-mode epoch starts from the device."""
         for i in range(self.files):
-            fd = os.open(self.path(i), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            drop_cache(self.path(i))
 
     def as_dict(self) -> dict:
         return {"folder": str(self.folder), "files": self.files, "bytes": self.bytes,
@@ -169,20 +165,5 @@ def _intact(folder: Path, sizes: list[int]) -> bool:
 
 def remove(target: Target) -> None:
     """Every dataset qual made on the target (each carries qual's manifest)."""
-    home = target.directory
-    root = home / FOLDER if home is not None else None
-    if root is None or not root.is_dir():
-        return
-    for d in root.iterdir():
-        m = d / MANIFEST
-        try:
-            made = m.exists() and json.loads(m.read_text()).get("created_by") == "qual"
-        except (OSError, ValueError):
-            made = False
-        if made:
-            shutil.rmtree(d)
-    try:
-        root.rmdir()
-    except OSError:
-        pass
-
+    if target.directory is not None:
+        remove_made(target.directory / FOLDER, MANIFEST)

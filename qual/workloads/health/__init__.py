@@ -11,7 +11,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.workloads.base import Family
+from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 
 NAME = "health"

@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qual import engine, honesty, steady
-from qual.engine import BACKENDS, IoResult, Progress
+from qual.engine import BACKENDS, IoResult
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.family import Family, Field, Metric, Param, format_block, measurement_id
+from qual.workloads.base import Family, Outcome
+from qual.workloads.bandwidth import charts
+from qual.family import Field, Metric, Param, format_block, measurement_id
 
 NAME = "bandwidth"
 # pattern -> (op, offset pattern)
@@ -44,7 +46,7 @@ FIELDS = (
           help="bytes of the target every cell addresses"),
     Field("runtime", "duration", default="10 s", help="seconds per cell"),
     Field("workers", "count", default=1, maximum=engine.MAX_WORKERS),
-    Field("block_sizes", "sizes", required=True, help="e.g. [\"1M\", \"128K\"]"),
+    Field("block_sizes", "sizes", required=True, help="block sizes, e.g. [\"1M\", \"128K\"]"),
     Field("depths", "counts", required=True, maximum=engine.MAX_QUEUE_DEPTH,
           help="queue depths, e.g. [128, 32, 1]"),
     Field("patterns", "choices", default=list(PATTERNS), choices=tuple(PATTERNS)),
@@ -123,12 +125,8 @@ def _check(table: dict) -> list[tuple[str, str]]:
     return problems
 
 
-FAMILY = Family(name=NAME, description="gdsio-style bandwidth matrix and random-read latency QoS",
-                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells)
-
-
 def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int, runtime: float,
-         seed: int, progress: Progress | None) -> tuple[IoResult, dict]:
+         seed: int) -> tuple[IoResult, dict]:
     size = table["size"]
     job = target.job(op=op, pattern=layout, block_size=bs, queue_depth=qd,
                      workers=table["workers"], submit_batch=min(table["submit_batch"], qd),
@@ -136,7 +134,7 @@ def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int,
                      command_timeout=table["command_timeout"])
     job = target.prepare(job)
     before = target.device_stat()
-    result = engine.run_job(job, progress=progress)
+    result = engine.run_job(job)
     after = target.device_stat()
     device = after.since(before) if before and after else None
     checked = honesty.check_io(result, device, target.identity)
@@ -168,14 +166,13 @@ def precondition(target: Target, table: dict, passes: int, progress=None) -> Non
 
 
 def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
-             progress: Progress | None = None, say=None) -> list[Measurement]:
+             say=None) -> list[Measurement]:
     """One matrix cell: bandwidth and IOPS, with the latency histogram as raw samples. With a
     steady_state table, a write cell runs in rounds until steady (SNIA PTS) and reports the
     mean of the measurement window."""
     def one_round():
         result, context = _run(target, table, op=cell.op, layout=cell.layout, bs=cell.bs,
-                               qd=cell.qd, runtime=table["runtime"], seed=seed,
-                               progress=progress)
+                               qd=cell.qd, runtime=table["runtime"], seed=seed)
         return result.bandwidth, (result, context)
 
     ss = table.get("steady_state")
@@ -205,13 +202,12 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
     ]
 
 
-def run_latency(target: Target, table: dict, *, seed: int = 1,
-                progress: Progress | None = None) -> list[Measurement]:
+def run_latency(target: Target, table: dict, *, seed: int = 1) -> list[Measurement]:
     """Random-read latency QoS: nearest-rank percentiles of every completion; a percentile
     that the sample count cannot resolve is recorded as unresolved."""
     lat = table["latency"]
     result, context = _run(target, table, op="read", layout="random", bs=lat["block_size"],
-                           qd=lat["depth"], runtime=lat["runtime"], seed=seed, progress=progress)
+                           qd=lat["depth"], runtime=lat["runtime"], seed=seed)
     bins = result.latency.to_bins()
     count = result.latency.count
     out = []
@@ -224,3 +220,70 @@ def run_latency(target: Target, table: dict, *, seed: int = 1,
                            samples=bins, resolved=count >= needed,
                            comparable=pct < 100 and count >= 10 * needed))
     return out
+
+
+@dataclass
+class MatrixOutcome(Outcome):
+    """The cells and the latency test that ran, as measurements."""
+
+    found: list[Measurement]
+
+    def measurements(self) -> list[Measurement]:
+        return self.found
+
+    def document(self) -> dict:
+        cells: dict[str, dict] = {}
+        latency: dict = {}
+        for m in self.found:
+            c = m.context
+            if m.metric == "rand_read_lat":
+                latency.setdefault("percentiles_s", {})[f"{m.params['pct']:g}"] = m.value
+                latency.update(bs=c["bs"], qd=c["qd"], backend=c["backend"], ops=c["ops"])
+                if not m.resolved:
+                    latency.setdefault("unresolved", []).append(m.params["pct"])
+                continue
+            pattern, kind = m.metric.rsplit("_", 1)
+            cell = cells.setdefault(Cell(pattern, c["bs"], c["qd"]).label, {
+                "pattern": pattern, "bs": c["bs"], "qd": c["qd"], "workers": c["workers"],
+                "backend": c["backend"], "elapsed_s": c["elapsed_s"], "cpu_s": c["cpu_s"],
+                "device": c.get("device")})
+            cell["bw_bytes" if kind == "bw" else "iops"] = m.value
+            if "steady_state" in c:
+                cell["steady_state"] = c["steady_state"]
+        return {"cells": list(cells.values()), **({"latency": latency} if latency else {})}
+
+    def charts(self) -> dict[str, bytes]:
+        out = {}
+        cells = [m.as_dict() for m in self.found if m.metric.endswith("_bw")]
+        if cells:
+            out["bandwidth heatmap"] = charts.heatmaps(cells, "bandwidth matrix (GiB/s)")
+        lat = next((m for m in self.found if m.metric == "rand_read_lat"), None)
+        if lat is not None:
+            out["latency percentiles"] = charts.latency_percentile_curve(
+                lat.samples, f"{format_block(lat.context['bs'])} random read, depth "
+                f"{lat.context['qd']}: completion latency")
+        return out
+
+
+def run(target: Target, table: dict, *, seed: int = 1, progress=None,
+        cells: list[Cell] | None = None, latency: bool = True) -> MatrixOutcome:
+    """The profile's matrix (or the given cells) and, where the table has one, the latency
+    QoS test."""
+    cells = matrix(table) if cells is None else cells
+    latency = latency and bool(table.get("latency"))
+    steps = len(cells) + latency
+    found = []
+    say = (lambda message: progress(message)) if progress else None
+    for i, cell in enumerate(cells):
+        if progress:
+            progress(f"bandwidth {cell.label}", i / steps)
+        found += run_cell(target, table, cell, seed=seed, say=say)
+    if latency:
+        if progress:
+            progress("latency QoS", len(cells) / steps)
+        found += run_latency(target, table, seed=seed)
+    return MatrixOutcome(found)
+
+
+FAMILY = Family(name=NAME, description="gdsio-style bandwidth matrix and random-read latency QoS",
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run)

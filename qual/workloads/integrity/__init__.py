@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import secrets
 
-from qual import engine, honesty
+from qual import engine, honesty, units
 from qual.engine import BACKENDS
-from qual.family import Family, Field, Metric, Param, measurement_id
+from qual.workloads.base import Family, Outcome
+from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 
@@ -55,11 +56,6 @@ def _cells(table: dict) -> list[str]:
             for m in METRICS]
 
 
-FAMILY = Family(name=NAME, description="data integrity: verification blocks written, "
-                "overwritten and checked", fields=FIELDS, metrics=METRICS, check=_check,
-                cells=_cells)
-
-
 def run_pattern(target: Target, table: dict, pattern: str, *, seed: int | None = None,
                 faults=(), progress=None) -> dict:
     """Write the region `generations` times in `pattern` order, then check every block."""
@@ -74,12 +70,14 @@ def run_pattern(target: Target, table: dict, pattern: str, *, seed: int | None =
                   backend=table["backend"], faults=tuple(faults), expect=target.inode)
     path = str(target.path)
     writes = []
+    passes = table["generations"] + 1
     for g in range(1, table["generations"] + 1):
         if progress:
-            progress(f"integrity {pattern}: writing generation {g}/{table['generations']}")
+            progress(f"integrity {pattern}: writing generation {g}/{table['generations']}",
+                     (g - 1) / passes)
         writes.append(engine.verify_blocks(path, op="write", seq=g, **common))
     if progress:
-        progress(f"integrity {pattern}: checking {size} bytes")
+        progress(f"integrity {pattern}: checking {size} bytes", (passes - 1) / passes)
     check = engine.verify_blocks(path, op="read", seq=table["generations"],
                                  max_report=table["report"], **common)
     return {"pattern": pattern, "seed": seed, "writes": writes, "check": check}
@@ -100,3 +98,57 @@ def measurements(result: dict, target: Target) -> list[Measurement]:
         measure(NAME, METRICS["integrity_write_bw"], p, write_bw, context=ctx),
         measure(NAME, METRICS["integrity_read_bw"], p, check.bw, context=ctx),
     ]
+
+
+class IntegrityOutcome(Outcome):
+    """Every pattern's writes and check."""
+
+    def __init__(self, results: list[dict], target: Target):
+        self.results = results
+        self.target = target
+
+    def measurements(self) -> list[Measurement]:
+        return [m for r in self.results for m in measurements(r, self.target)]
+
+    def document(self) -> dict:
+        return {"patterns": [{
+            "pattern": r["pattern"], "seed": r["seed"], "generations": len(r["writes"]),
+            "backend": r["check"].backend, "blocks": r["check"].blocks,
+            "bytes_verified": r["check"].bytes, "bad_blocks": r["check"].bad_blocks,
+            "counts": r["check"].counts, "bad": [b.describe() for b in r["check"].bad],
+            "write_bw_bytes": sum(w.bytes for w in r["writes"]) /
+            sum(w.elapsed for w in r["writes"]),
+            "read_bw_bytes": r["check"].bw} for r in self.results]}
+
+    def lines(self) -> list[str]:
+        out = []
+        for doc in self.document()["patterns"]:
+            out.append(f"integrity {doc['pattern']}: {doc['blocks']} blocks, "
+                       f"{doc['bad_blocks']} bad [{doc['backend']}, O_DIRECT], write "
+                       f"{units.format_quantity(doc['write_bw_bytes'], dimension='bandwidth')}, "
+                       f"check {units.format_quantity(doc['read_bw_bytes'], dimension='bandwidth')}")
+            out += [f"  {bad}" for bad in doc["bad"]]
+        return out
+
+    def exit_status(self) -> int:
+        return 1 if any(r["check"].bad_blocks for r in self.results) else 0
+
+
+def run(target: Target, table: dict, *, seed: int | None = None, progress=None,
+        faults=()) -> IntegrityOutcome:
+    """Every pattern of the table, one after the other."""
+    results = []
+    for i, pattern in enumerate(table["patterns"]):
+        share = 1 / len(table["patterns"])
+
+        def say(message, done=None, i=i):
+            if progress:
+                progress(message, None if done is None else (i + done) * share)
+        results.append(run_pattern(target, table, pattern, seed=seed, faults=faults,
+                                   progress=say))
+    return IntegrityOutcome(results, target)
+
+
+FAMILY = Family(name=NAME, description="data integrity: verification blocks written, "
+                "overwritten and checked", fields=FIELDS, metrics=METRICS, check=_check,
+                cells=_cells, run=run)

@@ -1,0 +1,142 @@
+"""`qual <family>`: one subcommand per registered workload family, its flags generated from the
+family's fields (or the family's own flags), run on --target with progress and an ETA on stderr,
+printed as lines or as the outcome's --json document, and judged by qual.judge with --profile."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from qual import units
+from qual.judge import judge
+from qual.target import Target
+from qual.thresholds import ProfileError, family_table, load_profile
+from qual.workloads.base import Family, field_help, flag_fields, flag_name, flag_value, nest
+
+FIELD = "field:"  # dest prefix of a generated flag
+
+
+class Reporter:
+    """Progress on stderr, one line each, with the share done and an ETA where the family
+    says how far it is; silent with -q."""
+
+    def __init__(self, command: str, quiet: bool):
+        self.command, self.quiet = command, quiet
+        self.started = time.monotonic()
+
+    def __call__(self, message: str, done: float | None = None) -> None:
+        if self.quiet:
+            return
+        elapsed = time.monotonic() - self.started
+        where = f"{units.format_duration(elapsed)} elapsed"
+        if done is not None and 0 < done < 1:
+            where += f", ETA {units.format_duration(elapsed * (1 - done) / done)}"
+        share = f"[{done * 100:3.0f} %] " if done is not None else ""
+        print(f"qual {self.command}: {share}{message} ({where})", file=sys.stderr, flush=True)
+
+
+def add_parser(sub, family: Family) -> None:
+    p = sub.add_parser(family.subcommand, help=family.description,
+                       description=f"Run the {family.name} family ({family.description}) on a "
+                                   "target and print what it measured.")
+    p.set_defaults(family=family)
+    p.add_argument("--target", default=None,
+                   help="file, directory or block device (default: under .qual/)")
+    p.add_argument("--profile", default=None, metavar="NAME|FILE",
+                   help=f"take the [{family.name}] table from this profile (flags override it) "
+                        "and judge the measurements against its criteria: exit 1 on a failure")
+    p.add_argument("--json", action="store_true", help="print a JSON document")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--allow-destructive", action="store_true",
+                   help="allow writes to a block device (the safety guard still applies)")
+    p.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
+    if family.flags:
+        family.flags.add(p)
+        return
+    p.add_argument("--seed", type=int, default=1)
+    if family.remove:
+        p.add_argument("--keep", action="store_true", help="keep what the run made on the target")
+    for key, f in flag_fields(family.fields):
+        p.add_argument(flag_name(key), dest=FIELD + key, default=None, metavar=f.kind.upper(),
+                       help=field_help(f))
+
+
+def _given(family: Family, args) -> dict:
+    if family.flags:
+        return {k: v for k, v in family.flags.given(args).items() if v is not None}
+    fields = dict(flag_fields(family.fields))
+    return nest({key[len(FIELD):]: flag_value(fields[key[len(FIELD):]], value)
+                 for key, value in vars(args).items()
+                 if key.startswith(FIELD) and value is not None})
+
+
+def _settings(family: Family, args, profile):
+    """The family's settings: the profile's table (if any) with the flags over it. Wrong
+    flags are said per flag, before anything is touched."""
+    given = _given(family, args)
+    base = profile.table(family.name) if profile else None
+    if profile and base is None:
+        raise ProfileError([(profile.path.name, family.name,
+                             f"the profile has no [{family.name}] table")])
+    merged = _merge(dict(base or {}), given)
+    return family_table(family, merged, label=profile.path.name if profile else "flags")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    for k, v in over.items():
+        base[k] = _merge(dict(base[k]), v) if isinstance(v, dict) and isinstance(
+            base.get(k), dict) else v
+    return base
+
+
+def run(args, families: dict[str, Family]) -> int:
+    family: Family = args.family
+    name = family.subcommand
+    try:
+        profile = load_profile(args.profile, families) if args.profile else None
+        settings = _settings(family, args, profile)
+    except ProfileError as e:
+        for where, key, problem in e.problems:
+            shown = flag_name(key.split(".", 1)[1]) if where == "flags" and "." in key \
+                else f"{where}:{key}"
+            print(f"qual {name}: error: {shown}: {problem}", file=sys.stderr)
+        return 2
+    dry = family.flags.dry_run(args, settings) if family.flags and family.flags.dry_run else None
+    if dry is not None:
+        doc, lines = dry
+        print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))
+        return 0
+    keep = family.flags.keep(args) if family.flags else getattr(args, "keep", False)
+    shared = family.flags.shared_target() if family.flags else False
+    target = Target(args.target, allow_destructive=args.allow_destructive,
+                    confirm_serial=args.confirm_serial)
+    say = Reporter(name, args.quiet)
+    if not shared:  # torchrun ranks all open the target: rank 0 speaks for them
+        target.lock()
+    try:
+        say(f"{family.name} on {target.spec} ({target.identity.label()})", 0.0)
+        outcome = family.run(target, settings, seed=getattr(args, "seed", 1), progress=say)
+    finally:
+        if family.remove and not keep:
+            family.remove(target)
+        target.unlock()
+    if outcome is None:
+        return 0  # a rank other than 0 under torchrun
+    verdict = judge(outcome.measurements(), profile) if profile else None
+    if args.json:
+        doc = outcome.document()
+        if verdict:
+            doc = {**doc, **verdict.as_dict(), "profile": profile.name}
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print("\n".join(outcome.lines()))
+        if verdict:
+            print("\n".join(verdict.lines()))
+    if verdict:
+        verdict.raise_unresolved(target.spec)
+        if verdict.failing:
+            print(f"qual {name}: {len(verdict.failing)} of {verdict.checks} checks failed "
+                  f"against profile {profile.name}", file=sys.stderr)
+            return 1
+    return outcome.exit_status()

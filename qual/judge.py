@@ -1,0 +1,76 @@
+"""Measurements x profile x baseline -> verdicts: the one place a number becomes a pass or a
+fail, used by the pytest plugin and the `qual <family> --profile` command alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+from dataclasses import dataclass, field
+
+from qual import units
+from qual.honesty import ImplausibleMeasurement
+from qual.record import Baseline, Measurement, Regression
+from qual.thresholds import Profile, Verdict
+
+
+@dataclass
+class Judgement:
+    """Every verdict and regression of a set of measurements, and what could not be judged."""
+
+    verdicts: list[Verdict] = field(default_factory=list)
+    regressions: list[Regression] = field(default_factory=list)
+    unresolved: list[str] = field(default_factory=list)  # asked for, but unjudgeable
+    severities: list[str] = field(default_factory=list)  # of every criterion that applied
+
+    @property
+    def failing(self) -> list[str]:
+        return [v.line() for v in self.verdicts if not v.passed] + \
+               [r.line() for r in self.regressions if not r.passed]
+
+    @property
+    def checks(self) -> int:
+        return len(self.verdicts) + len(self.regressions)
+
+    def lines(self) -> list[str]:
+        return [v.line() for v in self.verdicts] + [r.line() for r in self.regressions]
+
+    def as_dict(self) -> dict:
+        return {"verdicts": [v.as_dict() for v in self.verdicts],
+                "regressions": [r.as_dict() for r in self.regressions]}
+
+    def raise_unresolved(self, target: str | None) -> None:
+        """A criterion the run could not resolve is an error of the run, not a verdict."""
+        if self.unresolved:
+            raise ImplausibleMeasurement(errno.EBADE, "; ".join(self.unresolved), target=target)
+
+
+def judge(measurements: list[Measurement], profile: Profile,
+          baseline: Baseline | None = None) -> Judgement:
+    """Judge every measurement against the profile's criteria for it and, with a baseline,
+    against the same measurement of the baseline run within the criterion's tolerance."""
+    out = Judgement()
+    for m in measurements:
+        criteria = profile.criteria_for(m.id)
+        out.severities += [c.severity for c in criteria]
+        if criteria and not m.resolved:
+            out.unresolved.append(f"{m.id} needs at least {m.context.get('samples_needed')} "
+                                  f"samples but the run completed {m.context.get('ops')}: "
+                                  "lengthen the run")
+            continue
+        ceiling = m.context.get("ceiling")  # the most the measuring setup itself can show
+        caveats = tuple(m.context.get("caveats", ()))
+        for c in criteria:
+            if ceiling is not None and c.min is not None and c.min > ceiling:
+                out.unresolved.append(
+                    f"{c.id}: the profile asks for at least {units.format_quantity(c.min, c.unit)}"
+                    f" but the simulation reaches only {units.format_quantity(ceiling, c.unit)} "
+                    f"with no storage at all, so it cannot judge the drive [{c.file}]")
+                continue
+            out.verdicts += [dataclasses.replace(v, caveats=caveats) for v in c.judge(m.value)]
+        if baseline:
+            tolerance = next((c.tolerance for c in criteria if c.tolerance is not None),
+                             profile.tolerance)
+            r = baseline.compare(m, tolerance)
+            if r:
+                out.regressions.append(r)
+    return out

@@ -1,0 +1,193 @@
+"""The pytest hooks of qual's plugin: its options, fixtures and markers, the recorder around
+every test's body, and the labels on every report. The session (qual.plugin.session) holds the
+state; the recorder (qual.plugin.recorder) judges.
+
+A test records measurements through the `record` fixture and never asserts: once its body
+returns, the plugin judges every measurement against the profile (and the baseline), records
+them all, and fails the test once, with the first failing verdict on the first line. An engine
+error raised by the body is left alone, so Allure shows it as broken, not failed.
+"""
+
+from __future__ import annotations
+
+import allure
+import pytest
+
+from qual import thresholds
+from qual.plugin.recorder import Recorder
+from qual.plugin.session import (DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY,
+                                 STATUS, TARGET_INFO, QualSession, qual_session)
+from qual.record import Measurement
+from qual.target import DEFAULT_TARGET
+from qual.workloads import health
+
+RECORDER_KEY = pytest.StashKey["Recorder"]()
+
+
+def _family_of(node) -> str | None:
+    """The workload family a suite is marked with."""
+    families = qual_session(node.config).families
+    return next((m.name for m in node.iter_markers() if m.name in families), None)
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("qual", "qual: NVMe SSD qualification")
+    g.addoption("--qual-target", action="append", default=None, metavar="PATH",
+                help="file, directory or block device to qualify (default: a scratch file "
+                     f"{DEFAULT_TARGET}); several: each drive is qualified in turn, one run "
+                     "record per drive")
+    g.addoption("--qual-profile", default="ci", metavar="NAME|FILE",
+                help="threshold profile: a shipped name (see `qual profiles`) or a .toml path "
+                     "(default: ci)")
+    g.addoption("--qual-results", default="qual-results", metavar="DIR",
+                help="where the run record qual-run.json goes (default: qual-results)")
+    g.addoption("--qual-baseline", action="append", default=None, metavar="FILE",
+                help="a previous qual-run.json: a regression beyond the profile's tolerance "
+                     "fails (one per --qual-target, in the same order)")
+    g.addoption("--qual-baseline-any", action="store_true",
+                help="gate against a baseline of another drive model or profile")
+    g.addoption("--qual-allow-destructive", action="store_true",
+                help="allow writes to a block device (the safety guard still applies)")
+    g.addoption("--qual-confirm-serial", action="append", default=None, metavar="SERIAL",
+                help="the serial of the block device you mean to overwrite (once per device)")
+    g.addoption("--qual-keep-scratch", action="store_true",
+                help="keep qual's scratch file after the run (the next run reuses it)")
+    g.addoption("--qual-seed", type=int, default=1, metavar="N",
+                help="seed of random offsets and write data (default 1, so runs are comparable)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "destructive: writes to the target; on a block device "
+                                       "only when the safety guard allows it")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped where there is none")
+    session = QualSession(config)
+    for name, family in session.families.items():
+        config.addinivalue_line("markers", f"{name}: {family.description}")
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(session, "qual-session")
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="session")
+def profile(request) -> thresholds.Profile:
+    """The loaded, validated threshold profile."""
+    return qual_session(request.config).profile
+
+
+def pytest_generate_tests(metafunc):
+    """Several --qual-target: every test that touches a drive runs once per drive."""
+    specs = qual_session(metafunc.config).target_specs
+    if "target" in metafunc.fixturenames and len(specs) > 1:
+        metafunc.parametrize("target", specs, indirect=True, scope="session",
+                             ids=[f"drive{i}" for i in range(len(specs))])
+
+
+@pytest.fixture(scope="session")
+def target(request):
+    """The target under qualification; qual's scratch file is removed at the end."""
+    session = qual_session(request.config)
+    t = session.open_target(getattr(request, "param", session.target_specs[0]))
+    t.lock()
+    yield t
+    if not request.config.option.qual_keep_scratch:
+        t.cleanup()
+    t.unlock()
+
+
+@pytest.fixture(scope="module")
+def drive_health(request, target):
+    """The drive's SMART health log when the suite starts; its test_drive_health, run last,
+    reads it again and records what changed."""
+    family = _family_of(request.node)
+    return HealthWatch(health.Watch(target, family or request.module.__name__))
+
+
+class HealthWatch:
+    def __init__(self, watch: health.Watch):
+        self.watch = watch
+
+    def measurements(self) -> list[Measurement]:
+        if self.watch.reason:
+            pytest.skip(f"no SMART health log: {self.watch.reason}")
+        return self.watch.measurements()
+
+
+@pytest.fixture(scope="session")
+def progress(request):
+    """A callable that shows one line of a long workload's progress on the terminal (not
+    with -q); under xdist each line names its worker."""
+    return qual_session(request.config).progress
+
+
+@pytest.fixture(scope="module")
+def table(request, profile) -> dict:
+    """The profile's table for the suite's workload family (its marker), or a skip."""
+    family = _family_of(request.node)
+    if family is None:
+        raise pytest.UsageError(f"{request.node.name} is marked with no workload family")
+    found = profile.table(family)
+    if found is None:
+        pytest.skip(f"profile {profile.name} has no [{family}] table")
+    return found
+
+
+@pytest.fixture
+def record(request) -> Recorder:
+    """Where a test puts its measurements; the plugin judges them when the test returns."""
+    rec = qual_session(request.config).recorder(request.node)
+    request.node.stash[RECORDER_KEY] = rec
+    return rec
+
+
+@pytest.fixture
+def session_measurements(request, target) -> list[Measurement]:
+    """Every measurement of this drive recorded so far by this process (for chart tests)."""
+    return qual_session(request.config).measurements.setdefault(target.spec, [])
+
+
+def _label(rec: Recorder) -> None:
+    """The workload family, the drive and the profile on the Allure result, before the test's
+    body runs (so a test that skips carries them too)."""
+    family = _family_of(rec.item)
+    if family:
+        allure.dynamic.epic(family)
+    session = qual_session(rec.item.config)
+    drive = session.drive_label(session.spec_of(rec.item))
+    allure.dynamic.title(f"{rec.item.name} on {drive}")
+    allure.dynamic.parameter("drive", drive)
+    allure.dynamic.parameter("profile", session.profile.name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    __tracebackhide__ = True
+    rec = item.stash.get(RECORDER_KEY, None)
+    if rec is not None:
+        _label(rec)
+    result = yield
+    if rec is not None:
+        rec.finish()
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        session = qual_session(item.config)
+        spec = session.spec_of(item)
+        extra = [(QUAL_TEST, True), (DRIVE, spec)]
+        if rep.failed:
+            exc = call.excinfo
+            judged = rep.when == "call" and exc is not None and \
+                (exc.errisinstance(AssertionError) or exc.errisinstance(pytest.fail.Exception))
+            extra.append((STATUS, "failed" if judged else "broken"))
+        info = session.target_info(spec)
+        if info:
+            extra.append((TARGET_INFO, info))
+        rep.user_properties = [*rep.user_properties, *extra]  # a copy: item's list is shared
+    return rep
+
+

@@ -1,0 +1,81 @@
+"""The `record` fixture's object: where one test puts its measurements and charts. It is given
+narrow callbacks (the judging context and where to send what it recorded), never the session,
+and judges once when the test body returns."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import allure
+import pytest
+
+from qual import thresholds
+from qual.judge import judge
+from qual.record import Baseline, Measurement
+from qual.workloads.base import Outcome
+
+PAYLOAD = "qual"  # key of report.user_properties that carries a test's measurements and verdicts
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What a test's measurements are judged against."""
+
+    profile: thresholds.Profile
+    baseline: Baseline | None
+    seed: int
+
+
+ATTACHMENT_TYPES = {"png": allure.attachment_type.PNG, "json": allure.attachment_type.JSON,
+                    "text": allure.attachment_type.TEXT}
+
+
+class Recorder:
+    def __init__(self, item, judging: Judging, collect: Callable[[list[Measurement]], None]):
+        self.item = item
+        self.judging = judging
+        self._collect = collect
+        self.measurements: list[Measurement] = []
+
+    @property
+    def seed(self) -> int:
+        return self.judging.seed
+
+    def add(self, measurements: list[Measurement]) -> None:
+        self.measurements.extend(measurements)
+        self._collect(measurements)
+
+    def outcome(self, outcome: Outcome, *, charts: bool = True) -> None:
+        """A family's outcome: its measurements, and its charts attached to the report."""
+        self.add(outcome.measurements())
+        if charts:
+            for title, png in outcome.charts().items():
+                self.attach(title, png)
+
+    def attach(self, name: str, body, kind: str = "png") -> None:
+        allure.attach(body, name=name, attachment_type=ATTACHMENT_TYPES[kind])
+
+    def finish(self) -> None:
+        """Judge, record and label everything, then fail once if any check failed."""
+        __tracebackhide__ = True
+        verdict = judge(self.measurements, self.judging.profile, self.judging.baseline)
+        payload = {"measurements": [m.as_dict() for m in self.measurements], **verdict.as_dict()}
+        self.item.user_properties.append((PAYLOAD, payload))
+
+        for metric in sorted({m.metric for m in self.measurements}):
+            allure.dynamic.story(metric)
+        order = thresholds.SEVERITIES
+        allure.dynamic.severity(min(verdict.severities, key=order.index)
+                                if verdict.severities else "minor")
+        self.attach("measurements.json", json.dumps(payload, indent=1, default=str), "json")
+
+        for line in verdict.lines():
+            print(line)
+        verdict.raise_unresolved(self.measurements[0].context.get("target")
+                                 if self.measurements else None)
+        failing = verdict.failing
+        if failing:
+            pytest.fail("\n".join(failing + [f"({len(failing)} of {verdict.checks} checks "
+                                             "failed)"]), pytrace=False)

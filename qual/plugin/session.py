@@ -1,0 +1,250 @@
+"""The qual session: loaded before any I/O (the profile, the baselines, the targets' names);
+on the xdist controller it gathers every qual test's report into one run record per drive,
+writes the Allure summary and metadata, and prints the verdict."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qual import engine, report, thresholds
+from qual.engine import QualError
+from qual.plugin.recorder import PAYLOAD, Judging, Recorder
+from qual.record import RECORD_NAME, Baseline, Measurement, drive_model, new_record, summarize, write_record
+from qual.target import DEFAULT_TARGET, Target, drive_label
+from qual.workloads import registry
+
+SESSION_KEY = pytest.StashKey["QualSession"]()
+# keys of report.user_properties: how a worker's results reach the controller under xdist
+STATUS, QUAL_TEST, TARGET_INFO, DRIVE = "qual_status", "qual_test", "qual_target", "qual_drive"
+QUAL_FIXTURES = {"target", "record"}
+DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
+
+
+def qual_session(config) -> QualSession:
+    return config.stash[SESSION_KEY]
+
+
+class QualSession:
+    """Loaded before any I/O: the profile, the baselines and the targets' names; on the
+    controller it gathers every qual test's report into one run record per drive."""
+
+    def __init__(self, config):
+        self.config = config
+        opt = config.option
+        self.controller = not hasattr(config, "workerinput")
+        try:
+            self.families = registry()
+            self.profile = thresholds.load_profile(opt.qual_profile, self.families)
+        except thresholds.ProfileError as e:
+            raise pytest.UsageError(f"--qual-profile {opt.qual_profile}: invalid profile:\n{e}") from None
+        specs = opt.qual_target or [DEFAULT_TARGET]
+        if len(set(specs)) != len(specs):
+            raise pytest.UsageError("--qual-target: a drive is named twice")
+        for spec in specs:
+            given = Path(spec)
+            if spec != DEFAULT_TARGET and not given.exists() and not given.parent.is_dir():
+                raise pytest.UsageError(f"--qual-target {spec}: no such file, directory or "
+                                        f"device, and {given.parent} is not a directory to "
+                                        "create it in")
+        self.target_specs: list[str] = specs
+        self.baselines: dict[str, Baseline] = {}
+        paths = opt.qual_baseline or []
+        if paths and len(paths) != len(specs):
+            raise pytest.UsageError(f"--qual-baseline: give one per --qual-target ({len(specs)}),"
+                                    f" in the same order; got {len(paths)}")
+        for spec, path in zip(specs, paths):
+            try:
+                self.baselines[spec] = Baseline(path)
+            except ValueError as e:
+                raise pytest.UsageError(f"--qual-baseline: {e}") from None
+            theirs = self.baselines[spec].data.get("profile", {}).get("name")
+            if theirs != self.profile.name and not opt.qual_baseline_any:
+                raise pytest.UsageError(f"--qual-baseline {path}: it is a run of profile "
+                                        f"{theirs}, not {self.profile.name} (--qual-baseline-any "
+                                        "to gate against it anyway)")
+        if self.controller and getattr(opt, "numprocesses", None):
+            if opt.dist == "load":
+                opt.dist = "loadgroup"  # one drive is measured by one worker at a time
+            elif opt.dist not in ("loadgroup", "no"):
+                raise pytest.UsageError(f"--dist {opt.dist} could measure one drive from two "
+                                        "workers at once; qual needs --dist loadgroup")
+        if not self.controller:
+            # workers re-parse the original command line, which may lack --dist loadgroup;
+            # the controller always schedules by group, so the workers must name the groups
+            opt.loadgroup = True
+        self.worker = getattr(config, "workerinput", {}).get("workerid")
+        self.results_dir = Path(opt.qual_results)
+        self._targets: dict[str, Target] = {}
+        self._sent: set[str] = set()
+        self.measurements: dict[str, list[Measurement]] = {}
+        self.tests: dict[str, dict] = {}
+        self.targets_reported: dict[str, dict] = {}
+        self.records: dict[str, tuple[Path, dict]] = {}
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+    def open_target(self, spec: str) -> Target:
+        if spec not in self._targets:
+            opt = self.config.option
+            t = Target(spec if opt.qual_target else None,  # None: the default, made on demand
+                       allow_destructive=opt.qual_allow_destructive,
+                       confirm_serial=opt.qual_confirm_serial)
+            baseline = self.baselines.get(spec)
+            if baseline and not opt.qual_baseline_any:
+                theirs = drive_model(baseline.data)
+                if theirs != t.identity.model:
+                    raise QualError(errno.EINVAL, f"--qual-baseline {baseline.path} is a run of "
+                                    f"drive model {theirs}, not {t.identity.model} "
+                                    "(--qual-baseline-any to gate against it anyway)",
+                                    target=spec)
+            t.progress = self.progress
+            self._targets[spec] = t
+        return self._targets[spec]
+
+    def spec_of(self, item) -> str:
+        """The drive a test runs on: its `target` parameter, else the only target."""
+        callspec = getattr(item, "callspec", None)
+        return callspec.params["target"] if callspec and "target" in callspec.params \
+            else self.target_specs[0]
+
+    def target_info(self, spec: str) -> dict | None:
+        """A target's identity, sent to the controller once per process and drive."""
+        t = self._targets.get(spec)
+        if t is None or spec in self._sent:
+            return None
+        self._sent.add(spec)
+        return {"spec": t.spec, "kind": t.kind, "path": str(t.path),
+                "identity": t.identity.as_dict()}
+
+    def drive_label(self, spec: str) -> str:
+        t = self._targets.get(spec)
+        return drive_label(t.identity if t else None, spec, several=len(self.target_specs) > 1)
+
+    def judging(self, spec: str) -> Judging:
+        return Judging(self.profile, self.baselines.get(spec), self.config.option.qual_seed)
+
+    def recorder(self, item) -> Recorder:
+        """A test's recorder: judged against this drive's baseline; what it records joins
+        the drive's measurements of this process (for the suites' chart tests)."""
+        spec = self.spec_of(item)
+        return Recorder(item, self.judging(spec),
+                        self.measurements.setdefault(spec, []).extend)
+
+    def progress(self, message: str, done: float | None = None) -> None:
+        if self.config.option.verbose < 0:
+            return
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            if self.worker is None and tr is not None:
+                tr.write_line(f"  {message}")
+            else:  # a worker's stderr is the controller's: whole lines stay readable
+                print(f"[{self.worker}] {message}", file=sys.__stderr__, flush=True)
+
+    # ---- hooks (registered as a plugin object)
+
+    def pytest_itemcollected(self, item):
+        # marked as each item is collected, so the mark is there before any
+        # pytest_collection_modifyitems (xdist's turns it into the group name)
+        if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.spec_of(item)}"))
+
+    def pytest_runtest_logreport(self, report):
+        if not self.controller:
+            return
+        props = dict(report.user_properties)
+        if not props.get(QUAL_TEST):
+            return
+        if TARGET_INFO in props:
+            self.targets_reported.setdefault(props[TARGET_INFO]["spec"], props[TARGET_INFO])
+        nodeid = report.nodeid.split(f"@{DRIVE_GROUP}")[0]  # xdist appends the group
+        entry = self.tests.setdefault(nodeid, {
+            "nodeid": nodeid, "drive": props.get(DRIVE, self.target_specs[0]),
+            "outcome": "passed", "duration_s": 0.0, "message": None,
+            "measurements": [], "verdicts": [], "regressions": []})
+        entry["duration_s"] += report.duration
+        if PAYLOAD in props and report.when == "call":
+            entry.update(props[PAYLOAD])
+        if report.failed and entry["outcome"] != "failed":
+            entry["outcome"] = props.get(STATUS, "broken")
+            entry["message"] = _short_message(report)
+        elif report.skipped and entry["outcome"] == "passed":
+            entry["outcome"] = "skipped"
+            entry["message"] = _short_message(report)
+
+    def build_record(self, spec: str) -> dict:
+        target = self.targets_reported.get(spec) or {"spec": spec}
+        tests = [{k: v for k, v in t.items() if k != "drive"} for t in self.tests.values()
+                 if t["drive"] == spec]
+        backends = sorted({m["context"]["backend"] for t in tests for m in t["measurements"]
+                           if "backend" in m["context"]})
+        record = new_record(target=target, profile=self.profile.as_dict(),
+                            engine={"io_uring": engine.io_uring_status() or "available",
+                                    "backends_used": backends})
+        record["started"] = self.started
+        record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        record["seed"] = self.config.option.qual_seed
+        baseline = self.baselines.get(spec)
+        record["baseline"] = str(baseline.path) if baseline else None
+        record["tests"] = tests
+        record["summary"] = summarize(tests, self.profile)
+        return record
+
+    def record_path(self, spec: str) -> Path:
+        """results/qual-run.json; with several drives, results/<drive>/qual-run.json."""
+        if len(self.target_specs) == 1:
+            return self.results_dir / RECORD_NAME
+        slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in spec.strip("/"))
+        return self.results_dir / (slug or "drive") / RECORD_NAME
+
+    def pytest_sessionfinish(self, session):
+        if not self.controller or not self.tests:
+            return
+        alluredir = getattr(self.config.option, "allure_report_dir", None)
+        for spec in self.target_specs:
+            if not any(t["drive"] == spec for t in self.tests.values()):
+                continue
+            record = self.build_record(spec)
+            path = self.record_path(spec)
+            write_record(path, record)
+            self.records[spec] = (path, record)
+            if alluredir:
+                report.write_summary_result(Path(alluredir), record, self.profile,
+                                            drive=self.drive_label_of(record, spec))
+        if alluredir and self.records:
+            report.write_allure_metadata(Path(alluredir), [r for _, r in self.records.values()])
+
+    def drive_label_of(self, record: dict, spec: str) -> str:
+        return drive_label(record["target"].get("identity"), spec,
+                           several=len(self.target_specs) > 1)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        tr = terminalreporter
+        for spec, (path, record) in self.records.items():
+            tr.section(f"qual: {self.profile.name} on {self.drive_label_of(record, spec)}")
+            for line in report.summary_lines(record):
+                tr.write_line(line)
+            s = record["summary"]
+            tr.write_line(f"{s['measurements']} measurements ({s['informational']} informational), "
+                          f"{s['checks_passed']} checks passed, {s['checks_failed']} failed, "
+                          f"{s['tests_broken']} tests broken")
+            for missing in s["not_judged"]:
+                tr.write_line(f"not judged: {missing}")
+            for caveat in s.get("caveats", ()):
+                tr.write_line(f"CAVEAT: {caveat}", yellow=True)
+            tr.write_line(f"verdict: {s['verdict']}    run record: {path}",
+                          bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
+
+
+def _short_message(report) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return crash.message.removeprefix("Failed: ")  # pytest.fail's own prefix
+    if isinstance(report.longrepr, tuple):  # skip: (file, line, reason)
+        return str(report.longrepr[2])
+    return str(report.longrepr).strip().splitlines()[0] if report.longrepr else ""

@@ -1,0 +1,182 @@
+"""The workload protocol: a family's settings come from its profile table, `run(target,
+settings, *, seed, progress)` returns an `Outcome`, and the outcome gives the measurements, the
+`--json` document, the charts and the lines a person reads. The CLI, the suites, the run record
+and the report know families only through this."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from qual import units
+from qual.family import Field, Metric
+from qual.record import Measurement
+
+
+class Progress(Protocol):
+    """Where a long run says what it is doing; `done` (0..1) is its share of the whole run,
+    from which the CLI shows an ETA."""
+
+    def __call__(self, message: str, done: float | None = None) -> None: ...
+
+
+class Settings(dict):
+    """A family's table, parsed and completed from a profile or from flags: every value has
+    its field's type (sizes and counts int, durations float seconds, lists of them); read a
+    key as an attribute or an item."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Outcome:
+    """What one run of a family produced. A family's outcome overrides `measurements` and
+    `document`; `charts` and `lines` have defaults."""
+
+    def measurements(self) -> list[Measurement]:
+        raise NotImplementedError
+
+    def document(self) -> dict:
+        """The `qual <family> --json` document."""
+        raise NotImplementedError
+
+    def charts(self) -> dict[str, bytes]:
+        """Charts as PNG bytes by title, attached to the report."""
+        return {}
+
+    def lines(self) -> list[str]:
+        """What `qual <family>` prints for a person: every measurement with its unit."""
+        return [f"{m.id} = {m.shown()}" for m in self.measurements()]
+
+    def exit_status(self) -> int:
+        """The CLI's exit status when nothing was judged: 0, or 1 when the run itself found a
+        fault (a checkpoint that did not restore, a block that did not read back)."""
+        return 0
+
+
+@dataclass(frozen=True)
+class Flags:
+    """A family's own command-line flags, where they predate the generated ones: `add` puts
+    them on the subcommand's parser (with --seed and, if it removes what it made, --keep),
+    `given` turns the parsed flags into table values. `keep(args)`: leave what the run made;
+    `dry_run(args, settings)`: a (document, lines) to print instead of running, or None;
+    `shared_target()`: other processes open the target too (torchrun ranks), so this one
+    neither locks it nor speaks unless `run` returns an outcome."""
+
+    add: Callable
+    given: Callable[[object], dict]
+    keep: Callable[[object], bool] = field(default=lambda args: args.keep)
+    dry_run: Callable | None = None
+    shared_target: Callable[[], bool] = field(default=lambda: False)
+
+
+def _argument(parse, text: str, **kw):
+    try:
+        return parse(text, **kw)
+    except units.UnitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive(text: str) -> int:
+    """argparse type: a count of at least 1."""
+    return _argument(units.parse_count, text, name="value")
+
+
+def size(text: str) -> int:
+    """argparse type: a size with its unit (4k, 128K, 1M)."""
+    return _argument(units.parse_size, text)
+
+
+def duration(text: str) -> float:
+    """argparse type: a duration with its unit (10s, 500ms)."""
+    return _argument(units.parse_duration, text)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A workload family: its profile table (fields, checked by `check`, which returns (key,
+    problem) pairs), its metrics, the measurement ids a table will produce (`cells`), and how
+    it runs (`run`, `remove`: what it made on a target, nothing else). `suite` is its suite
+    file when it is not one of qual's own suites; `command` its CLI subcommand (default: its
+    name)."""
+
+    name: str
+    description: str
+    fields: tuple[Field, ...]
+    metrics: dict[str, Metric]
+    check: Callable[[dict], list[tuple[str, str]]] = field(default=lambda table: [])
+    cells: Callable[[dict], list[str]] = field(default=lambda table: [])
+    run: Callable[..., Outcome] | None = None
+    remove: Callable | None = None
+    suite: Path | None = None
+    command: str | None = None
+    flags: Flags | None = None
+
+    @property
+    def subcommand(self) -> str:
+        return self.command or self.name
+
+
+def flag_name(key: str) -> str:
+    """A table key as a flag: `steady_state.max_rounds` -> `--steady-state-max-rounds`."""
+    return "--" + key.replace(".", "-").replace("_", "-")
+
+
+def flag_fields(fields: tuple[Field, ...], prefix: str = "") -> list[tuple[str, Field]]:
+    """(dotted key, field) of every leaf field, nested tables flattened."""
+    out = []
+    for f in fields:
+        key = f"{prefix}{f.name}"
+        if f.kind == "table":
+            out += flag_fields(f.fields, f"{key}.")
+        else:
+            out.append((key, f))
+    return out
+
+
+def flag_value(f: Field, text: str):
+    """A flag's text as the value a profile would hold: lists are comma-separated, booleans
+    are yes/no, plain numbers are numbers (sizes and durations keep their units)."""
+    if f.kind in ("sizes", "counts", "choices"):
+        return [flag_value(Field(f.name, f.kind[:-1]), t.strip()) for t in text.split(",")]
+    if f.kind == "bool":
+        if text.lower() in ("1", "yes", "true", "on"):
+            return True
+        if text.lower() in ("0", "no", "false", "off"):
+            return False
+        return text
+    if f.kind in ("count", "number"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def nest(flat: dict[str, object]) -> dict:
+    """{"a.b": 1} -> {"a": {"b": 1}}."""
+    out: dict = {}
+    for key, value in flat.items():
+        *tables, leaf = key.split(".")
+        into = out
+        for t in tables:
+            into = into.setdefault(t, {})
+        into[leaf] = value
+    return out
+
+
+def field_help(f: Field) -> str:
+    default = f" (default {f.default})" if f.default is not None and not isinstance(
+        f.default, list) else (f" (default {','.join(map(str, f.default))})"
+                               if isinstance(f.default, list) else "")
+    choices = f"; one of {', '.join(f.choices)}" if f.choices else ""
+    listed = " (comma-separated)" if f.kind in ("sizes", "counts", "choices") else ""
+    return f"{f.help or f.kind}{listed}{choices}{default}"
+

@@ -1,0 +1,104 @@
+"""A workload family that lives only in tests/ (this folder, plus the QUAL_FAMILIES line in
+test_families.py): durable small writes, each pwrite followed by fdatasync, timed one by one,
+the way a database log or a checkpoint's commit record hits the drive. It proves that a
+family needs nothing outside its folder to run through `qual run`, `qual stamp`, the run
+record and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from qual import charts
+from qual.errors import TargetUnavailable
+from qual.family import Field, Metric, Param, measurement_id
+from qual.record import Measurement, measure
+from qual.target.scratch import fsync_dir, own_folder, remove_made
+from qual.workloads.base import Family, Outcome
+
+NAME = "stamp"
+FOLDER = "qual-stamp"
+MANIFEST = "manifest.json"
+PERCENTILES = (50.0, 99.0)
+_PCT = Param("pct", "number")
+
+METRICS = {m.name: m for m in (
+    Metric("stamp_lat", "time", "lower", (_PCT,), "pwrite + fdatasync latency percentile"),
+    Metric("stamp_rate", "rate", "higher", (), "durable writes per second"),
+)}
+
+FIELDS = (
+    Field("count", "count", default=64, maximum=1_000_000, help="durable writes"),
+    Field("block_size", "size", default="4K", minimum=512, help="bytes per write"),
+)
+
+
+def _cells(table: dict) -> list[str]:
+    return [measurement_id(METRICS["stamp_lat"], {"pct": p}) for p in PERCENTILES] + \
+        ["stamp_rate"]
+
+
+class StampOutcome(Outcome):
+    def __init__(self, seconds: list[float], table: dict, target: str):
+        self.seconds, self.table, self.target = seconds, table, target
+
+    def _percentile(self, pct: float) -> float:
+        ordered = sorted(self.seconds)
+        return ordered[max(0, min(len(ordered) - 1, round(pct / 100 * len(ordered)) - 1))]
+
+    def measurements(self) -> list[Measurement]:
+        ctx = {"target": self.target, "count": len(self.seconds),
+               "block_size": self.table["block_size"], "path": "pwrite + fdatasync"}
+        out = [measure(NAME, METRICS["stamp_lat"], {"pct": p}, self._percentile(p), context=ctx,
+                       samples=self.seconds) for p in PERCENTILES]
+        out.append(measure(NAME, METRICS["stamp_rate"], {}, len(self.seconds) /
+                           sum(self.seconds), context=ctx))
+        return out
+
+    def document(self) -> dict:
+        return {"writes": len(self.seconds), "block_size": self.table["block_size"],
+                "p50_s": self._percentile(50), "p99_s": self._percentile(99),
+                "rate_per_s": len(self.seconds) / sum(self.seconds)}
+
+    def charts(self) -> dict[str, bytes]:
+        fig, ax = charts.subplots(figsize=(6.4, 3.6))
+        ax.plot(range(1, len(self.seconds) + 1), [s * 1e6 for s in self.seconds], ".")
+        ax.set_xlabel("write (in the order issued)")
+        ax.set_ylabel("pwrite + fdatasync (us)")
+        ax.set_title("durable write latency")
+        return {"durable write latency": charts.png(fig)}
+
+
+def run(target, table: dict, *, seed: int = 1, progress=None) -> StampOutcome:
+    if target.directory is None:
+        raise TargetUnavailable(95, "stamps need a filesystem", target=target.spec)
+    folder = own_folder(target.directory / FOLDER) / f"run-{os.getpid()}"
+    folder.mkdir()
+    (folder / MANIFEST).write_text(json.dumps({"created_by": "qual"}))
+    block = os.urandom(table["block_size"])
+    fd = os.open(folder / "stamps.dat", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    seconds = []
+    try:
+        for i in range(table["count"]):
+            if progress and i % max(1, table["count"] // 4) == 0:
+                progress(f"stamp {i}/{table['count']}", i / table["count"])
+            t0 = time.perf_counter()
+            os.pwrite(fd, block, i * len(block))
+            os.fdatasync(fd)
+            seconds.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+    fsync_dir(folder)
+    return StampOutcome(seconds, table, str(target.path))
+
+
+def remove(target) -> None:
+    if target.directory is not None:
+        remove_made(target.directory / FOLDER, MANIFEST)
+
+
+FAMILY = Family(name=NAME, description="durable small writes (pwrite + fdatasync)",
+                fields=FIELDS, metrics=METRICS, cells=_cells, run=run, remove=remove,
+                suite=Path(__file__).parent / "suite.py")
