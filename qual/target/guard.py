@@ -258,7 +258,8 @@ def _scan_ends(devnode: str) -> list[str]:
         for offset, what, magic in places:
             if offset < 0 or offset + len(magic) > size:
                 continue
-            if os.pread(fd, len(magic), offset) == magic:
+            os.lseek(fd, offset, os.SEEK_SET)  # every I/O of a workload goes through the
+            if os.read(fd, len(magic)) == magic:  # engine's queue; these few bytes are a probe
                 found.append(f"{what} (offset {offset})")
     except OSError as e:
         return [f"cannot read {devnode} to look for signatures: {e.strerror}"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from qual import honesty
+from qual.units import format_duration
 from qual.engine import BACKENDS, QualError, TargetUnavailable
 from qual.workloads.base import Family, Flags, Outcome, positive
 from qual.family import Field, Metric, Param, measurement_id
@@ -180,6 +181,9 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutc
     from qual.workloads.gnn.graph import Graph
     from qual.workloads.gnn.train import splits, train
 
+    if progress:
+        progress(f"RGAT on IGBH {table['size']} through {', '.join(table['loaders'])}: the "
+                 "dataset and feature store first, then an estimate after the first steps")
     dataset = dataset_of(target, table, progress)
     folder = target.directory if target.directory is not None else Path(dataset.root)
     store = feature_store.build(dataset, folder, page_size=table["page_size"])
@@ -193,6 +197,15 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutc
              "warmup": table["warmup"], "steps": table["steps"],
              "batch_size": table["batch_size"]}
     out = {"dataset": dataset.describe(), "store": store.as_dict(), "loaders": {}}
+
+    def pace(step_s: float, steps: int) -> None:
+        if progress:  # GIDS's figure is 100 steps a loader: on a CPU host that takes a while
+            loaders = len(table["loaders"])
+            whole = step_s * (steps + len(val_ids) / table["batch_size"] / 3) * loaders
+            progress(f"about {format_duration(whole)} of training in all: {loaders} loader(s) "
+                     f"x {steps} steps at {step_s:.2f} s a step on this host (RGAT, batch "
+                     f"{table['batch_size']}, fanouts {','.join(map(str, table['fanouts']))}) "
+                     "plus validation; --steps, --batch-size, --loader or --scale shorten it")
     for i, name in enumerate(table["loaders"]):
         share = 1 / len(table["loaders"])
 
@@ -217,7 +230,7 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutc
             t0 = time.perf_counter()
             trained = train(loader, relations, table=model, train_ids=train_ids,
                             val_ids=val_ids, seed=seed, before_step=before, progress=say,
-                            **hooks)
+                            on_pace=pace if i == 0 else None, **hooks)
             result = {**trained.as_dict(), "setup": setup,
                       "wall_s": time.perf_counter() - t0}
             if name == "gids":

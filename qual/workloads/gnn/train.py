@@ -41,13 +41,18 @@ def splits(papers: int, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
     return perm[:int(0.6 * papers)], perm[int(0.6 * papers):int(0.8 * papers)]
 
 
+PACE_STEPS = 3  # steps timed (after the first) to estimate how long training will take
+
+
 def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.ndarray,
           seed: int, before_step=None, window_start=None, window_end=None,
-          progress=None) -> Training:
+          progress=None, on_pace=None) -> Training:
     """Train to the profile's epochs (and at least warm-up + measured steps), timing the steps
     of the measured window end to end; then the validation accuracy. before_step runs before
     every measured step, window_start and window_end around the window (GIDS resets its
-    counters at the warm-up's end and reports them 100 steps later)."""
+    counters at the warm-up's end and reports them 100 steps later). on_pace(seconds a step,
+    steps in all) is called once, after the first steps, so the caller can say how long the
+    run will take."""
     torch.manual_seed(seed)
     model = RGAT(relations, FEATURE_DIM, table["hidden"], table["heads"], table["classes"],
                  len(table["fanouts"])).to(loader.device)
@@ -89,6 +94,10 @@ def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.
                     stages[k] += v
                 stages["train"] += t2 - t1
             step += 1
+            if step == 1:
+                paced = t2  # the first step pays for start-up; pace from the next ones
+            elif step == PACE_STEPS + 1 and on_pace:
+                on_pace((t2 - paced) / PACE_STEPS, total)
             if step == warmup + measure and window_end:
                 window_end()
             if progress and step % 10 == 0:

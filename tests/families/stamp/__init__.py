@@ -1,5 +1,5 @@
 """A workload family that lives only in tests/ (this folder, plus the QUAL_FAMILIES line in
-test_families.py): durable small writes, each pwrite followed by fdatasync, timed one by one,
+test_families.py): durable small writes, each write followed by fdatasync, timed one by one,
 the way a database log or a checkpoint's commit record hits the drive. It proves that a
 family needs nothing outside its folder to run through `qual run`, `qual stamp`, the run
 record and the report."""
@@ -25,7 +25,7 @@ PERCENTILES = (50.0, 99.0)
 _PCT = Param("pct", "number")
 
 METRICS = {m.name: m for m in (
-    Metric("stamp_lat", "time", "lower", (_PCT,), "pwrite + fdatasync latency percentile"),
+    Metric("stamp_lat", "time", "lower", (_PCT,), "write + fdatasync latency percentile"),
     Metric("stamp_rate", "rate", "higher", (), "durable writes per second"),
 )}
 
@@ -50,7 +50,7 @@ class StampOutcome(Outcome):
 
     def measurements(self) -> list[Measurement]:
         ctx = {"target": self.target, "count": len(self.seconds),
-               "block_size": self.table["block_size"], "path": "pwrite + fdatasync"}
+               "block_size": self.table["block_size"], "path": "write + fdatasync"}
         out = [measure(NAME, METRICS["stamp_lat"], {"pct": p}, self._percentile(p), context=ctx,
                        samples=self.seconds) for p in PERCENTILES]
         out.append(measure(NAME, METRICS["stamp_rate"], {}, len(self.seconds) /
@@ -66,7 +66,7 @@ class StampOutcome(Outcome):
         fig, ax = charts.subplots(figsize=(6.4, 3.6))
         ax.plot(range(1, len(self.seconds) + 1), [s * 1e6 for s in self.seconds], ".")
         ax.set_xlabel("write (in the order issued)")
-        ax.set_ylabel("pwrite + fdatasync (us)")
+        ax.set_ylabel("write + fdatasync (us)")
         ax.set_title("durable write latency")
         return {"durable write latency": charts.png(fig)}
 
@@ -85,7 +85,7 @@ def run(target, table: dict, *, seed: int = 1, progress=None) -> StampOutcome:
             if progress and i % max(1, table["count"] // 4) == 0:
                 progress(f"stamp {i}/{table['count']}", i / table["count"])
             t0 = time.perf_counter()
-            os.pwrite(fd, block, i * len(block))
+            os.write(fd, block)  # appended: the file grows one durable block at a time
             os.fdatasync(fd)
             seconds.append(time.perf_counter() - t0)
     finally:
@@ -99,6 +99,6 @@ def remove(target) -> None:
         remove_made(target.directory / FOLDER, MANIFEST)
 
 
-FAMILY = Family(name=NAME, description="durable small writes (pwrite + fdatasync)",
+FAMILY = Family(name=NAME, description="durable small writes (write + fdatasync)",
                 fields=FIELDS, metrics=METRICS, cells=_cells, run=run, remove=remove,
                 suite=Path(__file__).parent / "suite.py")

@@ -17,5 +17,5 @@ def stamp(request):
 
 @allure.feature("durable writes")
 def test_durable_writes(stamp, table, target, record, progress):
-    """pwrite + fdatasync latency percentiles and rate."""
+    """write + fdatasync latency percentiles and rate."""
     record.outcome(stamp.run(target, table, seed=record.seed, progress=progress))
