@@ -19,19 +19,25 @@ FIELD = "field:"  # dest prefix of a generated flag
 
 class Reporter:
     """Progress on stderr, one line each, with the share done and an ETA where the family
-    says how far it is; silent with -q."""
+    says how far it is; silent with -q. The ETA is paced from the first share reported, so
+    set-up before it (a dataset generated, a store built) does not skew it."""
 
     def __init__(self, command: str, quiet: bool):
         self.command, self.quiet = command, quiet
         self.started = time.monotonic()
+        self.first: tuple[float, float] | None = None  # (time, share) of the first share
 
     def __call__(self, message: str, done: float | None = None) -> None:
         if self.quiet:
             return
-        elapsed = time.monotonic() - self.started
-        where = f"{units.format_duration(elapsed)} elapsed"
-        if done is not None and 0 < done < 1:
-            where += f", ETA {units.format_duration(elapsed * (1 - done) / done)}"
+        now = time.monotonic()
+        where = f"{units.format_duration(now - self.started)} elapsed"
+        if done is not None and done < 1:
+            if self.first is None:
+                self.first = (now, done)
+            t0, d0 = self.first
+            if done > d0:
+                where += f", ETA {units.format_duration((now - t0) * (1 - done) / (done - d0))}"
         share = f"[{done * 100:3.0f} %] " if done is not None else ""
         print(f"qual {self.command}: {share}{message} ({where})", file=sys.stderr, flush=True)
 
@@ -115,7 +121,7 @@ def run(args, families: dict[str, Family]) -> int:
     if not shared:  # torchrun ranks all open the target: rank 0 speaks for them
         target.lock()
     try:
-        say(f"{family.name} on {target.spec} ({target.identity.label()})", 0.0)
+        say(f"{family.name} on {target.spec} ({target.identity.label()})")
         outcome = family.run(target, settings, seed=getattr(args, "seed", 1), progress=say)
     finally:
         if family.remove and not keep:

@@ -198,14 +198,26 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutc
              "batch_size": table["batch_size"]}
     out = {"dataset": dataset.describe(), "store": store.as_dict(), "loaders": {}}
 
-    def pace(step_s: float, steps: int) -> None:
-        if progress:  # GIDS's figure is 100 steps a loader: on a CPU host that takes a while
-            loaders = len(table["loaders"])
-            whole = step_s * (steps + len(val_ids) / table["batch_size"] / 3) * loaders
-            progress(f"about {format_duration(whole)} of training in all: {loaders} loader(s) "
-                     f"x {steps} steps at {step_s:.2f} s a step on this host (RGAT, batch "
-                     f"{table['batch_size']}, fanouts {','.join(map(str, table['fanouts']))}) "
-                     "plus validation; --steps, --batch-size, --loader or --scale shorten it")
+    def pace(name: str, first: bool, step_s: float, steps: int) -> None:
+        """How long training will take, said once a loader's first steps are timed: RGAT
+        trains on this host's CPU, GIDS's figure is 100 measured steps a loader, and the
+        loader that runs next is the baseline GIDS is faster than."""
+        if not progress:
+            return
+        loaders = len(table["loaders"])
+        checks = -(-len(val_ids) // table["batch_size"])
+        one = step_s * (steps + checks)  # a validation batch reads as much as a step
+        why = (f"{steps} steps and {checks} validation batches at {step_s:.2f} s a step on "
+               f"this host: RGAT, batch {table['batch_size']}, fanouts "
+               f"{','.join(map(str, table['fanouts']))}")
+        if first and loaders > 1:
+            progress(f"{name}: about {format_duration(one)} ({why}); at least "
+                     f"{format_duration(one * loaders)} for all {loaders} loaders, since the "
+                     "mmap baseline is slower wherever GIDS's speedup holds; --steps, "
+                     "--batch-size, --loader or --scale shorten it")
+        else:
+            progress(f"{name}: about {format_duration(one)} ({why})")
+
     for i, name in enumerate(table["loaders"]):
         share = 1 / len(table["loaders"])
 
@@ -230,7 +242,8 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutc
             t0 = time.perf_counter()
             trained = train(loader, relations, table=model, train_ids=train_ids,
                             val_ids=val_ids, seed=seed, before_step=before, progress=say,
-                            on_pace=pace if i == 0 else None, **hooks)
+                            on_pace=lambda step_s, steps, name=name, i=i:
+                            pace(name, i == 0, step_s, steps), **hooks)
             result = {**trained.as_dict(), "setup": setup,
                       "wall_s": time.perf_counter() - t0}
             if name == "gids":

@@ -41,7 +41,7 @@ def splits(papers: int, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
     return perm[:int(0.6 * papers)], perm[int(0.6 * papers):int(0.8 * papers)]
 
 
-PACE_STEPS = 3  # steps timed (after the first) to estimate how long training will take
+PACE_STEPS = 8  # steps timed (after the first) to estimate how long training will take
 
 
 def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.ndarray,
