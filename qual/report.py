@@ -13,6 +13,7 @@ from pathlib import Path
 
 from qual import units
 from qual.charts import png, subplots
+from qual.target.identity import drive_label
 
 # Allure categories, matched in order (allurereport.org: categories file). A threshold or
 # baseline violation is an AssertionError (status failed); an engine or target error is any
@@ -59,10 +60,8 @@ def environment(record: dict) -> dict[str, str]:
 
 
 def drive_name(record: dict) -> str:
-    """"model firmware" of a record's drive, else its target."""
-    ident = record["target"].get("identity") or {}
-    return " ".join(filter(None, [ident.get("model"), ident.get("firmware")])) or \
-        record["target"]["spec"]
+    """The drive of a record, as every title names it."""
+    return drive_label(record["target"].get("identity"), record["target"]["spec"])
 
 
 def report_name(records: list[dict]) -> str:

@@ -61,6 +61,15 @@ class Outcome:
         return 0
 
 
+class ResultOutcome(Outcome, dict):
+    """An outcome that is the run's own result document (a dict, as rank processes or
+    loaders report it, kept whole for tests and records), with the protocol's views of it."""
+
+    def __init__(self, result: dict, *, target):
+        dict.__init__(self, result)
+        self.target = target
+
+
 @dataclass(frozen=True)
 class Flags:
     """A family's own command-line flags, where they predate the generated ones: `add` puts

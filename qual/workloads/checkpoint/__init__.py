@@ -22,7 +22,7 @@ from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_f
 from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import Family, Flags, Outcome, positive as _positive
+from qual.workloads.base import Family, Flags, ResultOutcome, positive as _positive
 from qual.workloads.checkpoint import charts, ranks
 from qual.workloads.checkpoint.plan import MODELS, RECIPES, Layout, Plan, build_plan, describe
 from qual.workloads.checkpoint.store import CheckpointStore
@@ -337,12 +337,8 @@ def baseline_measurements(result: dict, target: str) -> list[Measurement]:
     return out
 
 
-class CheckpointOutcome(Outcome, dict):
+class CheckpointOutcome(ResultOutcome):
     """Rank 0's results (a dict, as the ranks report them) and the protocol's views of them."""
-
-    def __init__(self, result: dict, *, target: str):
-        dict.__init__(self, result)
-        self.target = target
 
     def measurements(self) -> list[Measurement]:
         out = pass_measurements(self, self.target)

@@ -14,7 +14,7 @@ import numpy as np
 from qual import honesty
 from qual.units import format_duration
 from qual.engine import BACKENDS, QualError, TargetUnavailable
-from qual.workloads.base import Family, Flags, Outcome, positive
+from qual.workloads.base import Family, Flags, ResultOutcome, positive
 from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -301,12 +301,8 @@ def measurements(result: dict, target: str) -> list[Measurement]:
     return out
 
 
-class GnnOutcome(Outcome, dict):
+class GnnOutcome(ResultOutcome):
     """What each loader measured (a dict, as `run` assembles it) and the protocol's views."""
-
-    def __init__(self, result: dict, *, target: str):
-        dict.__init__(self, result)
-        self.target = target
 
     def measurements(self) -> list[Measurement]:
         return measurements(self, self.target)

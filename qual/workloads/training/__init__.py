@@ -14,7 +14,7 @@ import numpy as np
 
 from qual import engine, honesty
 from qual.engine import BACKENDS
-from qual.workloads.base import Family, Flags, Outcome, positive
+from qual.workloads.base import Family, Flags, ResultOutcome, positive
 from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -317,12 +317,8 @@ def measurements(result: dict, target: Target) -> list[Measurement]:
 
 
 
-class TrainingOutcome(Outcome, dict):
+class TrainingOutcome(ResultOutcome):
     """The sweep's results (a dict, as `run` assembles it) and the protocol's views of them."""
-
-    def __init__(self, result: dict, *, target: Target):
-        dict.__init__(self, result)
-        self.target = target
 
     def measurements(self) -> list[Measurement]:
         return measurements(self, self.target)
