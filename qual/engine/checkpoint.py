@@ -68,13 +68,10 @@ def write_checkpoint_file(path: str, spans, file_size: int, *, chunk_size: int =
     """Create `path` holding each (offset, buffer) span at its offset, zeros between, written
     in chunks with a CRC32C each and made durable. Returns the chunk CRCs and the timing."""
     crcs = ffi.new("uint32_t[]", chunk_count(file_size, chunk_size))
-    cf, keep = _ckpt_file(path, spans, file_size, crcs, chunk_size=chunk_size,
-                          queue_depth=queue_depth, align=align, backend=backend, direct=direct,
-                          faults=faults, writable=False)
-    ctl, res = ffi.new("struct qual_ctl *"), ffi.new("struct qual_ckpt_result *")
-    long_call(lambda: lib.qual_ckpt_write(cf, ctl, res), ctl, (cf, res, keep), progress, 0.5)
-    raise_result(res, path, "write")
-    return list(crcs), _file_result(res, path)
+    result = _run_file("write", path, spans, file_size, crcs, chunk_size=chunk_size,
+                       queue_depth=queue_depth, align=align, backend=backend, direct=direct,
+                       faults=faults, progress=progress)
+    return list(crcs), result  # filled by the write
 
 
 def read_checkpoint_file(path: str, spans, file_size: int, crcs, *, chunk_size: int = 8 << 20,
@@ -83,11 +80,17 @@ def read_checkpoint_file(path: str, spans, file_size: int, crcs, *, chunk_size: 
                          ) -> FileResult:
     """Read `path` back into the (offset, writable buffer) spans, checking every chunk's CRC;
     a mismatch raises DataMismatch naming the bytes."""
-    ccrcs = ffi.new("uint32_t[]", list(crcs))
-    cf, keep = _ckpt_file(path, spans, file_size, ccrcs, chunk_size=chunk_size,
-                          queue_depth=queue_depth, align=align, backend=backend, direct=direct,
-                          faults=faults, writable=True)
+    return _run_file("read", path, spans, file_size, ffi.new("uint32_t[]", list(crcs)),
+                     chunk_size=chunk_size, queue_depth=queue_depth, align=align,
+                     backend=backend, direct=direct, faults=faults, progress=progress)
+
+
+def _run_file(op: str, path: str, spans, file_size: int, crcs, *, progress, **opts) -> FileResult:
+    """One checkpoint file written (filling `crcs`) or read back (checking them), as one
+    engine call."""
+    cf, keep = _ckpt_file(path, spans, file_size, crcs, writable=op == "read", **opts)
+    run = lib.qual_ckpt_write if op == "write" else lib.qual_ckpt_read
     ctl, res = ffi.new("struct qual_ctl *"), ffi.new("struct qual_ckpt_result *")
-    long_call(lambda: lib.qual_ckpt_read(cf, ctl, res), ctl, (cf, res, keep), progress, 0.5)
-    raise_result(res, path, "read")
+    long_call(lambda: run(cf, ctl, res), ctl, (cf, res, keep), progress, 0.5)
+    raise_result(res, path, op)
     return _file_result(res, path)
