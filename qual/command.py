@@ -9,7 +9,7 @@ import sys
 import time
 
 from qual import units
-from qual.judge import judge
+from qual.judge import EXIT_INCOMPLETE, judge
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table, load_profile
 from qual.workloads.base import Family, field_help, flag_fields, flag_name, flag_value, nest
@@ -129,7 +129,8 @@ def run(args, families: dict[str, Family]) -> int:
         target.unlock()
     if outcome is None:
         return 0  # a rank other than 0 under torchrun
-    verdict = judge(outcome.measurements(), profile) if profile else None
+    measured = outcome.measurements()  # the honesty checks run here, with or without a profile
+    verdict = judge(measured, profile) if profile else None
     if args.json:
         doc = outcome.document()
         if verdict:
@@ -145,4 +146,8 @@ def run(args, families: dict[str, Family]) -> int:
             print(f"qual {name}: {len(verdict.failing)} of {verdict.checks} checks failed "
                   f"against profile {profile.name}", file=sys.stderr)
             return 1
+        if verdict.unverified:
+            print(f"qual {name}: INCOMPLETE: {len(verdict.unverified)} criteria of profile "
+                  f"{profile.name} not judged without device truth", file=sys.stderr)
+            return EXIT_INCOMPLETE
     return outcome.exit_status()

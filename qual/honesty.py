@@ -12,6 +12,9 @@ from qual.target import DeviceStat, Identity
 from qual.units import format_quantity
 
 DEVICE_SHARE = 0.9  # the device must see at least this share of the bytes a job moved
+COUNTED = "counted"  # device_truth of a measurement the device's own counters confirmed
+NO_DEVICE = ("unavailable: no block device counters under the target (tmpfs, overlay, FUSE or "
+             "a network filesystem)")
 LINK_SLACK = 1.02  # clock and counting noise allowed above the link's payload ceiling
 
 
@@ -54,13 +57,21 @@ def check_device(seen: dict | None, key: str, moved: int, what: str, target: str
     device's own `key` counter (read_bytes, write_bytes), at least DEVICE_SHARE of them; else
     a cache served them and the figure is not the device's. Returns what was checked."""
     if seen is None:
-        return {"device_truth": "unavailable (no block device under the target)"}
+        return {"device_truth": NO_DEVICE}
     if seen[key] < DEVICE_SHARE * moved:
         raise _implausible(
             f"the device counted {format_quantity(seen[key], dimension='size')} of "
             f"{format_quantity(moved, dimension='size')} of {what}: they did not reach the "
             "device (a cache served them)", target)
-    return {"device_bytes": seen[key], "device_utilisation": seen.get("utilisation")}
+    return {"device_truth": COUNTED, "device_bytes": seen[key],
+            "device_utilisation": seen.get("utilisation")}
+
+
+def unproven(context: dict) -> str | None:
+    """Why a measurement's claim on the device is not proven by the device's own counters
+    (None: proven, or the measurement makes no claim on the device)."""
+    truth = context.get("device_truth")
+    return None if truth in (None, COUNTED) else truth
 
 
 def check_io(result: IoResult, device: dict | None, identity: Identity) -> dict:

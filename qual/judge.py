@@ -1,5 +1,7 @@
 """Measurements x profile x baseline -> verdicts: the one place a number becomes a pass or a
-fail, used by the pytest plugin and the `qual <family> --profile` command alike."""
+fail, used by the pytest plugin and the `qual <family> --profile` command alike. A criterion on
+a measurement that claims the device but lacks the device's own counters is UNVERIFIED, not
+judged, unless the profile says `device_truth = "optional"` (then it carries a caveat)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import errno
 from dataclasses import dataclass, field
 
 from qual import units
-from qual.honesty import ImplausibleMeasurement
+from qual.honesty import ImplausibleMeasurement, unproven
 from qual.record import Baseline, Measurement, Regression
 from qual.thresholds import Profile, Verdict
+
+EXIT_INCOMPLETE = 6  # `qual run`, `qual <family> --profile`: nothing failed, something unjudged
 
 
 @dataclass
@@ -20,6 +24,7 @@ class Judgement:
     verdicts: list[Verdict] = field(default_factory=list)
     regressions: list[Regression] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)  # asked for, but unjudgeable
+    unverified: list[str] = field(default_factory=list)  # measured, but not proven the device's
     severities: list[str] = field(default_factory=list)  # of every criterion that applied
 
     @property
@@ -32,11 +37,13 @@ class Judgement:
         return len(self.verdicts) + len(self.regressions)
 
     def lines(self) -> list[str]:
-        return [v.line() for v in self.verdicts] + [r.line() for r in self.regressions]
+        return [v.line() for v in self.verdicts] + [r.line() for r in self.regressions] + \
+            [f"UNVERIFIED: {u}" for u in self.unverified]
 
     def as_dict(self) -> dict:
         return {"verdicts": [v.as_dict() for v in self.verdicts],
-                "regressions": [r.as_dict() for r in self.regressions]}
+                "regressions": [r.as_dict() for r in self.regressions],
+                "unverified": list(self.unverified)}
 
     def raise_unresolved(self, target: str | None) -> None:
         """A criterion the run could not resolve is an error of the run, not a verdict."""
@@ -59,6 +66,15 @@ def judge(measurements: list[Measurement], profile: Profile,
             continue
         ceiling = m.context.get("ceiling")  # the most the measuring setup itself can show
         caveats = tuple(m.context.get("caveats", ()))
+        missing = unproven(m.context)
+        if criteria and missing:
+            if profile.device_truth != "optional":
+                out.unverified += [f"{c.id}: not judged, device truth {missing}; the profile "
+                                   "needs the device's own counters (device_truth = "
+                                   "\"optional\" judges without them)" for c in criteria]
+                continue
+            caveats += (f"no device truth ({missing}): judged without proof that the device "
+                        "served it",)
         for c in criteria:
             if ceiling is not None and c.min is not None and c.min > ceiling:
                 out.unresolved.append(

@@ -233,7 +233,8 @@ def new_record(*, target: dict, profile: dict, engine: dict) -> dict:
 
 def summarize(tests: list[dict], profile) -> dict:
     """Counts and the run's verdict: FAIL (a check failed), ERROR (a test could not measure),
-    INCOMPLETE (a criterion of the profile was not judged), else PASS."""
+    INCOMPLETE (a criterion of the profile was not judged: not measured, or UNVERIFIED for
+    want of device truth), else PASS."""
     verdicts = [v for t in tests for v in t.get("verdicts", [])]
     regressions = [r for t in tests for r in t.get("regressions", [])]
     measurements = [m for t in tests for m in t.get("measurements", [])]
@@ -263,4 +264,5 @@ def summarize(tests: list[dict], profile) -> dict:
         "improved": [r["id"] for r in regressions if r["improved"]],
         "not_judged": not_judged,
         "caveats": sorted({c for v in verdicts for c in v.get("caveats", ())}),
+        "unverified": [u for t in tests for u in t.get("unverified", [])],
     }

@@ -210,8 +210,14 @@ def summary_rows(record: dict) -> dict[str, list[tuple[str, ...]]]:
                 f"{r['change'] * 100:+.1f} %",
                 "REGRESSED" if not r["passed"] else ("IMPROVED" if r["improved"] else "PASS"),
                 f"tolerance {r['tolerance'] * 100:g} %"))
+    unverified = {u.split(":", 1)[0]: u.split(":", 1)[1].strip()
+                  for u in record["summary"].get("unverified", [])}
     for missing in record["summary"].get("not_judged", []):
-        tables.setdefault("not judged", []).append((missing, "", "", "", "NOT JUDGED", ""))
+        if missing in unverified:
+            tables.setdefault("not judged", []).append(
+                (missing, "", "", "", "UNVERIFIED", unverified[missing]))
+        else:
+            tables.setdefault("not judged", []).append((missing, "", "", "", "NOT JUDGED", ""))
     return tables
 
 

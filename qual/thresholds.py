@@ -24,7 +24,8 @@ from qual.family import Field, measurement_id
 from qual.workloads.base import Family, Settings
 from qual.record import DEFAULT_TOLERANCE
 
-PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate")
+PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth")
+DEVICE_TRUTH = ("required", "optional")  # optional: judged without it, with a caveat
 CRITERION_KEYS = ("metric", "params", "min", "max", "unit", "source", "severity", "tolerance")
 SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
 DEFAULT_GATE = "normal"  # a failed blocker, critical or normal criterion fails the gate
@@ -153,6 +154,7 @@ class Profile:
     tables: dict  # family name -> parsed table
     criteria: tuple[Criterion, ...]
     gate: str = DEFAULT_GATE  # the least severity whose failed criterion fails the gate
+    device_truth: str = "required"  # a claim on the device is judged only with its counters
 
     @property
     def gated_severities(self) -> tuple[str, ...]:
@@ -167,7 +169,8 @@ class Profile:
     def as_dict(self) -> dict:
         return {"name": self.name, "path": str(self.path), "digest": self.digest,
                 "description": self.description, "tolerance": self.tolerance,
-                "gate": self.gate, "files": [str(f) for f in self.files],
+                "gate": self.gate, "device_truth": self.device_truth,
+                "files": [str(f) for f in self.files],
                 "tolerances": {c.id: c.tolerance for c in self.criteria
                                if c.tolerance is not None}}
 
@@ -215,7 +218,8 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    tolerance=info.get("tolerance", DEFAULT_TOLERANCE),
                    files=tuple(d["path"] for d in chain), digest=digest,
                    tables={k: Settings(v) for k, v in tables.items()},
-                   criteria=tuple(criteria.values()), gate=info.get("gate", DEFAULT_GATE))
+                   criteria=tuple(criteria.values()), gate=info.get("gate", DEFAULT_GATE),
+                   device_truth=info.get("device_truth", "required"))
 
 
 def family_table(fam: Family, given: dict, *, label: str = "flags") -> Settings:
@@ -311,6 +315,11 @@ def _parse_profile_table(value, label, problems) -> dict:
             problems.append((label, where, _unknown(key, PROFILE_KEYS)))
         elif key == "tolerance":
             out[key] = _ratio(v, label, where, problems)
+        elif key == "device_truth":
+            if v not in DEVICE_TRUTH:
+                problems.append((label, where, f"{v!r} is not one of {', '.join(DEVICE_TRUTH)}"))
+            else:
+                out[key] = v
         elif key == "gate":
             if v not in SEVERITIES:
                 problems.append((label, where, f"{v!r} is not a severity ({', '.join(SEVERITIES)})"))

@@ -14,6 +14,7 @@ import pytest
 
 from qual import engine, report, thresholds
 from qual.engine import QualError
+from qual.judge import EXIT_INCOMPLETE
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
 from qual.record import RECORD_NAME, Baseline, Measurement, drive_model, new_record, summarize, write_record
 from qual.target import DEFAULT_TARGET, Target, drive_label
@@ -218,6 +219,9 @@ class QualSession:
                                             drive=self.drive_label_of(record, spec))
         if alluredir and self.records:
             report.write_allure_metadata(Path(alluredir), [r for _, r in self.records.values()])
+        verdicts = {r["summary"]["verdict"] for _, r in self.records.values()}
+        if session.exitstatus == 0 and "INCOMPLETE" in verdicts:
+            session.exitstatus = EXIT_INCOMPLETE  # every test passed, yet a criterion was not judged
 
     def drive_label_of(self, record: dict, spec: str) -> str:
         return drive_label(record["target"].get("identity"), spec,
@@ -235,6 +239,8 @@ class QualSession:
                           f"{s['tests_broken']} tests broken")
             for missing in s["not_judged"]:
                 tr.write_line(f"not judged: {missing}")
+            for why in s.get("unverified", ()):
+                tr.write_line(f"UNVERIFIED: {why}", yellow=True)
             for caveat in s.get("caveats", ()):
                 tr.write_line(f"CAVEAT: {caveat}", yellow=True)
             tr.write_line(f"verdict: {s['verdict']}    run record: {path}",

@@ -1,0 +1,147 @@
+"""Proof or no verdict: a measurement that claims the device is judged only with the device's
+own counters (else UNVERIFIED, the run INCOMPLETE, exit 6), unless the profile makes device
+truth optional (then every result carries a caveat); and every implausibility error fires."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+
+import pytest
+from testbed import TINY_PROFILE, load_record, needs_root, run_suite
+
+from qual import engine, honesty
+from qual.judge import EXIT_INCOMPLETE
+from qual.target import Identity, Target
+from qual.workloads import checkpoint, gnn, training
+
+GEN3_X1 = Identity(transport="nvme", link_speed="8.0 GT/s PCIe", link_width="1")  # 0.98 GB/s
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A filesystem with no block device under it."""
+    point = tmp_path / "tmpfs"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(point)], check=True)
+    yield point
+    subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+@needs_root
+def test_a_target_without_device_counters_is_incomplete_not_passed(tmp_path, tmpfs):
+    proc, results = run_suite(tmp_path, f"--qual-target={tmpfs / 'drive.dat'}")
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
+    summary = load_record(results)["summary"]
+    assert summary["verdict"] == "INCOMPLETE" and summary["checks_passed"] == 0
+    assert set(summary["not_judged"]) == {"seq_read_bw[bs=64K,qd=4]",
+                                          "rand_read_lat[bs=4K,qd=1,pct=99]"}
+    assert all("no block device counters" in u for u in summary["unverified"])
+    assert "UNVERIFIED: seq_read_bw[bs=64K,qd=4]" in proc.stdout
+
+
+@needs_root
+def test_optional_device_truth_judges_with_a_caveat_on_every_result(tmp_path, tmpfs):
+    profile = tmp_path / "smoke.toml"
+    profile.write_text(f'[profile]\nname = "smoke"\nextends = "{TINY_PROFILE}"\n'
+                       'description = "a pipeline smoke test"\ndevice_truth = "optional"\n')
+    proc, results = run_suite(tmp_path, f"--qual-target={tmpfs / 'drive.dat'}", profile=profile)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    record = load_record(results)
+    verdicts = [v for t in record["tests"] for v in t["verdicts"]]
+    assert record["summary"]["verdict"] == "PASS" and len(verdicts) == 2
+    assert all(any("no device truth" in c for c in v["caveats"]) for v in verdicts)
+
+
+def test_a_profile_names_only_known_device_truth_modes(tmp_path):
+    from qual.thresholds import ProfileError, load_profile
+    from qual.workloads import registry
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[profile]\nextends = "{TINY_PROFILE}"\ndescription = "x"\n'
+                   'device_truth = "sometimes"\n')
+    with pytest.raises(ProfileError, match="device_truth: 'sometimes' is not one of required"):
+        load_profile(bad, registry())
+
+
+# ------------------------------------------------------------------ each implausibility fires
+
+
+@pytest.fixture(scope="module")
+def read_result(tmp_path_factory):
+    """A real O_DIRECT read job of 4 MiB on a scratch file."""
+    target = Target(tmp_path_factory.mktemp("honesty") / "t.dat")
+    job = target.prepare(target.job(op="read", pattern="sequential", block_size=64 << 10,
+                                    queue_depth=4, size=4 << 20, bytes=4 << 20))
+    result = engine.run_job(job)
+    yield result
+    target.cleanup()
+
+
+def test_reads_the_device_did_not_count_came_from_a_cache(read_result):
+    seen = {"read_bytes": 0, "write_bytes": 0, "utilisation": 0.0}
+    with pytest.raises(honesty.ImplausibleMeasurement, match="did not reach the device"):
+        honesty.check_io(read_result, seen, Identity())
+    counted = {**seen, "read_bytes": read_result.bytes}
+    assert honesty.check_io(read_result, counted, Identity())["device_truth"] == honesty.COUNTED
+
+
+def test_a_page_cache_job_makes_no_claim_on_the_device(read_result):
+    cached = replace(read_result, job=replace(read_result.job, direct=False))
+    checked = honesty.check_io(cached, {"read_bytes": 0, "write_bytes": 0, "utilisation": 0.0},
+                               Identity())
+    assert checked["path"] == "page cache"
+
+
+def test_faster_than_the_link_is_an_error(read_result):
+    fast = replace(read_result, elapsed=read_result.bytes / 2e9)  # 2 GB/s on a ~1 GB/s link
+    with pytest.raises(honesty.ImplausibleMeasurement, match="exceeds what a 8.0 GT/s PCIe x1"):
+        honesty.check_io(fast, None, GEN3_X1)
+    with pytest.raises(honesty.ImplausibleMeasurement, match="exceeds what the link can carry"):
+        honesty.check_link(2e9, GEN3_X1, "t", "verification reads")
+
+
+def _checkpoint_result(device: dict | None, restore_device: dict | None) -> dict:
+    one = {"pass": 1, "index": 1, "name": "c1", "seconds": 1.0, "bytes": 1 << 20,
+           "rank_seconds": [1.0], "rank_bytes": [1 << 20], "backend": "io_uring",
+           "device": device}
+    return {"checkpoints": [one], "world": 1, "plan": {}, "per_pass": 1, "data_period": 1,
+            "passes": 1, "restore": {"path": "c1", "seconds": 1.0, "bytes": 1 << 20,
+                                     "intact": True, "errors": [], "verified_bytes": 1 << 20,
+                                     "device": restore_device}}
+
+
+def test_checkpoint_writes_and_restores_must_reach_the_device():
+    none = {"read_bytes": 0, "write_bytes": 0, "utilisation": 0.0}
+    full = {"read_bytes": 1 << 20, "write_bytes": 1 << 20, "utilisation": 1.0}
+    with pytest.raises(honesty.ImplausibleMeasurement, match="checkpoint writes"):
+        checkpoint.pass_measurements(_checkpoint_result(none, full), "t")
+    with pytest.raises(honesty.ImplausibleMeasurement, match="restore reads"):
+        checkpoint.restore_measurements(_checkpoint_result(full, none), "t")
+    proven = checkpoint.pass_measurements(_checkpoint_result(full, full), "t")
+    assert {m.context["device_truth"] for m in proven if m.metric != "ckpt_size"} == \
+        {honesty.COUNTED}
+    unknown = checkpoint.pass_measurements(_checkpoint_result(None, None), "t")
+    assert all(honesty.unproven(m.context) for m in unknown if m.metric == "ckpt_write_bw")
+
+
+def test_training_reads_with_o_direct_must_reach_the_device(tmp_path):
+    run = {"path": "O_DIRECT", "backend": "io_uring", "bw_bytes": 1e8, "bytes": 1 << 20,
+           "device_read_bytes": 0}
+    target = Target(tmp_path / "t.dat")
+    with pytest.raises(honesty.ImplausibleMeasurement, match="O_DIRECT sample reads"):
+        training._check_run(run, target)
+    cached = training._check_run({**run, "path": "page cache"}, target)
+    assert cached["device_truth"] == honesty.COUNTED
+
+
+def test_gids_reads_must_reach_the_device():
+    cache = {"hits": 1, "misses": 1, "cpu_hits": 0, "reads": 1, "read_bytes": 1 << 20,
+             "io_s": 0.01, "hit_rate": 0.5, "writes": 0,
+             "device": {"read_bytes": 0, "write_bytes": 0, "utilisation": 0.0}}
+    loader = {"steps": 1, "measured": 1, "setup": {}, "accuracy": 1.0, "e2e_s": 1.0,
+              "stages": dict.fromkeys(gnn.STAGES, 0.1), "rows": 10, "cache": cache}
+    result = {"dataset": {"size": "tiny", "synthetic": True}, "store": {"row_bytes": 4096},
+              "loaders": {"gids": loader}}
+    with pytest.raises(honesty.ImplausibleMeasurement, match="GIDS feature reads"):
+        gnn.measurements(result, "t")
