@@ -2,9 +2,9 @@
 Allure results, xdist, baselines, and errors that are errors rather than threshold failures."""
 
 import json
+import os
 import re
 import textwrap
-
 
 from testbed import TINY_PROFILE, load_record, run_suite
 
@@ -118,7 +118,8 @@ def test_an_engine_error_is_broken_not_a_threshold_failure(tmp_path):
                 shutil.rmtree(item.config.getoption("qual_target")[0])
         """))
     proc, results = run_suite(tmp_path, f"--qual-target={target}", "-p", "vanish",
-                              env_extra={"PYTHONPATH": str(tmp_path)})
+                              env_extra={"PYTHONPATH": os.pathsep.join(
+                                  filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 1
     assert " < min " not in proc.stdout
     record = load_record(results)
