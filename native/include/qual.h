@@ -294,6 +294,11 @@ int qual_fcache_window(struct qual_fcache *c, const int64_t *rows, uint64_t n, i
 int qual_fcache_gather(struct qual_fcache *c, const int64_t *rows, uint64_t n, void *dst,
                        struct qual_ctl *ctl);
 int qual_fcache_stats(struct qual_fcache *c, struct qual_fcache_stats *out, int reset);
+/* The storage requests a gather of these rows would make now: distinct pages of the rows not in
+ * the CPU buffer that the cache does not hold (GIDS's accumulator counts these). */
+int qual_fcache_probe(struct qual_fcache *c, const int64_t *rows, uint64_t n, uint64_t *misses);
+/* Empty the cache (every slot; pins stay): the next gather reads every page it wants. */
+int qual_fcache_drop(struct qual_fcache *c);
 
 /* ---------------------------------------------------------------- sample files (reader.c) */
 /* Whole-file reads as a training data loader's read thread does them: open, read every byte
@@ -378,5 +383,10 @@ int qual_verify_fill(void *buf, uint32_t block_size, uint64_t offset, uint64_t s
 /* O_DIRECT alignment for path: memory and offset/length, from statx(STATX_DIOALIGN) when the
  * kernel and filesystem report it; -EOPNOTSUPP when they do not. */
 int qual_dio_align(const char *path, uint32_t *mem_align, uint32_t *offset_align);
+
+/* Which of a file's pages the page cache holds now (mincore over a mapping that touches
+ * nothing): vec gets one byte per page of page_size bytes (the system's page size), bit 0 set
+ * when resident; pages = ceil(file size / page_size) must match what the caller allocated. */
+int qual_page_residency(const char *path, uint64_t pages, uint8_t *vec);
 
 #endif

@@ -1,5 +1,5 @@
 /* cache.c — the feature cache's pages and slots: open and close, clock eviction, window pins,
- * the CPU buffer of hot rows, and the counters. */
+ * the CPU buffer of hot rows, what a gather would read, and the counters. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -150,17 +150,20 @@ int fcache_victim(struct qual_fcache *c, uint32_t *slot)
         return 0;
     }
     /* Window pins are a preference (GIDS's window-aware search gives up on them after a while
-     * too): with every slot pinned, the next one not held by this gather goes. */
+     * too): when the probes found no page nobody wants, the next one not held by this gather
+     * goes, pinned or not. */
     for (uint64_t n = 0; n < cap; n++) {
         uint64_t s = c->hand;
         c->hand = (c->hand + 1) % cap;
         if (c->refs[s])
             continue;
         int64_t p = c->slot_page[s];
-        c->slot_of[p] = NO_SLOT;
+        if (p >= 0) {
+            c->st.evictions++;
+            c->st.pinned_evictions += c->window[p] > 0;
+            c->slot_of[p] = NO_SLOT;
+        }
         c->slot_page[s] = -1;
-        c->st.evictions++;
-        c->st.pinned_evictions++;
         *slot = (uint32_t)s;
         return 0;
     }
@@ -289,6 +292,57 @@ int qual_fcache_stats(struct qual_fcache *c, struct qual_fcache_stats *out, int 
         uint64_t pinned = c->st.pinned_pages;
         memset(&c->st, 0, sizeof(c->st));
         c->st.pinned_pages = pinned; /* a state, not a counter */
+    }
+    return 0;
+}
+
+int fcache_cmp_page(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int qual_fcache_probe(struct qual_fcache *c, const int64_t *rows, uint64_t n, uint64_t *misses)
+{
+    if (!c || !misses)
+        return qual_set_error(-EINVAL, "cache or output is NULL");
+    int rc = check_rows(c, rows, n);
+    if (rc)
+        return rc;
+    uint64_t *pages = malloc((n ? n : 1) * c->row_pages * sizeof(*pages)), m = 0;
+    if (!pages)
+        return qual_set_error(-ENOMEM, "no memory to probe %llu rows", (unsigned long long)n);
+    for (uint64_t i = 0; i < n; i++) {
+        if (c->cpu_row && c->cpu_row[rows[i]] >= 0)
+            continue;
+        for (uint32_t k = 0; k < c->row_pages; k++) {
+            uint64_t p = (uint64_t)rows[i] * c->row_pages + k;
+            if (c->slot_of[p] == NO_SLOT)
+                pages[m++] = p;
+        }
+    }
+    qsort(pages, m, sizeof(*pages), fcache_cmp_page);
+    uint64_t distinct = 0;
+    for (uint64_t j = 0; j < m; j++)
+        distinct += j == 0 || pages[j] != pages[j - 1];
+    free(pages);
+    *misses = distinct;
+    return 0;
+}
+
+int qual_fcache_drop(struct qual_fcache *c)
+{
+    if (!c)
+        return qual_set_error(-EINVAL, "cache is NULL");
+    for (uint64_t s = 0; s < c->o.capacity; s++) {
+        if (c->refs[s])
+            return qual_set_error(-EBUSY, "a gather holds slot %llu", (unsigned long long)s);
+    }
+    for (uint64_t s = 0; s < c->o.capacity; s++) {
+        if (c->slot_page[s] >= 0)
+            c->slot_of[c->slot_page[s]] = NO_SLOT;
+        c->slot_page[s] = -1;
+        c->recent[s] = 0;
     }
     return 0;
 }

@@ -34,4 +34,7 @@ struct qual_fcache {
  * the gather holds every slot. */
 int fcache_victim(struct qual_fcache *c, uint32_t *slot);
 
+/* qsort order of page numbers (uint64_t). */
+int fcache_cmp_page(const void *a, const void *b);
+
 #endif

@@ -20,12 +20,6 @@ struct gather {
     uint64_t next;      /* the first missing page not yet handed to the queue */
 };
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The queue asks for the next run of adjacent missing pages, up to max_coalesce of them. */
 static int run_next(void *ctx, struct ioq_io *io)
 {
@@ -65,7 +59,7 @@ static int read_misses(struct gather *g)
     const uint32_t ps = c->o.page_size;
     if (g->nmiss == 0)
         return 0;
-    qsort(g->miss, g->nmiss, sizeof(*g->miss), cmp_u64);
+    qsort(g->miss, g->nmiss, sizeof(*g->miss), fcache_cmp_page);
     for (uint64_t j = 0; j < g->nmiss; j++) {
         g->iov[j].iov_base = c->mem + (size_t)c->slot_of[g->miss[j]] * ps;
         g->iov[j].iov_len = ps;

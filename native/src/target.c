@@ -1,8 +1,9 @@
 /* target.c — opening a target's path as the caller checked it, and what the kernel says about
- * its direct-I/O alignment. */
+ * its direct-I/O alignment and which of a file's pages it caches. */
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,4 +55,35 @@ int target_open(const char *path, int flags, const struct qual_inode *expect, co
     }
     *fd_out = fd;
     return 0;
+}
+
+int qual_page_residency(const char *path, uint64_t pages, uint8_t *vec)
+{
+    if (!path || (!vec && pages))
+        return qual_set_error(-EINVAL, "path or vector is NULL");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return qual_set_error(-errno, "open %s: %s", path, strerror(errno));
+    struct stat st;
+    long psz = sysconf(_SC_PAGESIZE);
+    int rc = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = qual_set_error(-errno, "stat %s: %s", path, strerror(errno));
+    } else if ((uint64_t)(st.st_size + psz - 1) / (uint64_t)psz != pages) {
+        rc = qual_set_error(-EINVAL, "%s holds %llu pages, not %llu", path,
+                            (unsigned long long)((st.st_size + psz - 1) / psz),
+                            (unsigned long long)pages);
+    } else if (pages) {
+        /* a fresh mapping faults nothing in: mincore reports the file's page cache */
+        void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) {
+            rc = qual_set_error(-errno, "map %s: %s", path, strerror(errno));
+        } else {
+            if (mincore(map, (size_t)st.st_size, vec) != 0)
+                rc = qual_set_error(-errno, "mincore %s: %s", path, strerror(errno));
+            munmap(map, (size_t)st.st_size);
+        }
+    }
+    close(fd);
+    return rc;
 }

@@ -8,7 +8,8 @@ from qual.engine.cache import CacheStats, FeatureCache, sample
 from qual.engine.checkpoint import (FileResult, chunk_count, read_checkpoint_file,
                                     write_checkpoint_file)
 from qual.engine.data import (crc32c, crc32c_hardware, dio_alignment, fill_random,
-                              io_uring_status, pattern_check, pattern_fill)
+                              io_uring_status, page_residency, pattern_check,
+                              pattern_fill)
 from qual.engine.histogram import PERCENTILES, LatencyHistogram, bucket_index, bucket_value
 from qual.engine.job import PATTERN_UNIT, Fault, IoJob, IoResult, run_job
 from qual.engine.reader import SampleReader
@@ -24,7 +25,8 @@ __all__ = [
     "Fault", "FeatureCache", "FileResult", "InvalidJob", "IoJob", "IoResult", "LatencyHistogram",
     "NoSpace", "Progress", "QualError", "SampleReader", "Stalled", "TargetUnavailable",
     "VerifyResult", "bucket_index", "bucket_value", "chunk_count", "crc32c", "crc32c_hardware",
-    "dio_alignment", "error_for", "fill_random", "io_uring_status", "new_ctl", "pattern_check",
+    "dio_alignment", "error_for", "fill_random", "io_uring_status", "new_ctl", "page_residency",
+    "pattern_check",
     "pattern_fill", "read_checkpoint_file", "run_job", "sample", "verify_block", "verify_blocks",
     "write_checkpoint_file",
 ]

@@ -99,6 +99,19 @@ class FeatureCache:
         check_outcome(long_call(lambda: lib.qual_fcache_gather(self._c, crows, len(rows), cout, ctl),
                           ctl, (crows, cout), None, 0.5), op="read", target=self.path)
 
+    def probe(self, rows: np.ndarray) -> int:
+        """Storage requests a gather of these rows would make now (pages not cached and not in
+        the CPU buffer, each counted once)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        out = ffi.new("uint64_t *")
+        check(lib.qual_fcache_probe(self._c, ffi.from_buffer("int64_t[]", rows), len(rows), out),
+              op="probe", target=self.path)
+        return int(out[0])
+
+    def drop(self) -> None:
+        """Empty the cache: the next gather reads every page it wants from the store."""
+        check(lib.qual_fcache_drop(self._c), op="drop", target=self.path)
+
     def stats(self, reset: bool = False) -> CacheStats:
         st = ffi.new("struct qual_fcache_stats *")
         check(lib.qual_fcache_stats(self._c, st, int(reset)))

@@ -1,13 +1,16 @@
 """Data helpers and machine facts: CRC32C, the verification pattern, incompressible bytes,
-io_uring's availability and the kernel's direct-I/O alignment."""
+io_uring's availability, the kernel's direct-I/O alignment and a file's page-cache residency."""
 
 from __future__ import annotations
 
 import errno as errno_mod
+import mmap
 import os
 
-from qual.engine._binding import check
-from qual.engine._binding import ffi, lib
+import numpy as np
+
+from qual.engine._binding import check, ffi, lib
+
 
 def crc32c(data, crc: int = 0) -> int:
     """CRC32C (Castagnoli) of a buffer, continuing from crc."""
@@ -38,6 +41,15 @@ def dio_alignment(path: str) -> tuple[int, int] | None:
         return None
     check(rc, op="statx", target=path)
     return int(mem[0]), int(off[0])
+
+
+def page_residency(path: str) -> np.ndarray:
+    """Which of a file's pages (the system's page size) the page cache holds now, as bools."""
+    pages = -(-os.stat(path).st_size // mmap.PAGESIZE)
+    vec = np.zeros(pages, dtype=np.uint8)
+    check(lib.qual_page_residency(os.fsencode(path), pages, ffi.from_buffer("uint8_t[]", vec)),
+          op="mincore", target=path)
+    return (vec & 1).astype(bool)
 
 
 def pattern_fill(buf, seed: int, offset: int) -> None:
