@@ -39,9 +39,8 @@ from qual.workloads.gnn.train import splits
 def gather(name: str, table: dict, store, graph, labels, seeds: np.ndarray, seed: int) -> dict:
     """One cold pass of a loader over the batches of `seeds`: rows, gather seconds, counters."""
     store.drop_cache()
-    loader, setup, _ = gnn.open_loader(name, table, store, graph, labels,
-                                       fanouts=table["fanouts"], batch_size=table["batch_size"],
-                                       seed=seed)
+    loader = gnn.open_loader(name, table, store, graph, labels, fanouts=table["fanouts"],
+                             batch_size=table["batch_size"], seed=seed)
     try:
         if name == "gids":
             loader.cache.stats(reset=True)
@@ -50,7 +49,7 @@ def gather(name: str, table: dict, store, graph, labels, seeds: np.ndarray, seed
             rows += batch.sample.node_count
             seconds += batch.times["gather"]
         out = {"rows": rows, "gather_s": seconds, "bw": rows * store.row_bytes / seconds,
-               "setup": setup}
+               "setup": loader.setup()}
         if name == "gids":
             out["cache"] = loader.cache.stats().as_dict()
         return out
@@ -88,8 +87,6 @@ def main() -> int:
                                     "cache_share": args.cache_share,
                                     "cpu_buffer_share": args.cpu_buffer_share,
                                     "queue_depth": args.queue_depth, "memory_budget": "cgroup"})
-    # the same host memory for both: the mmap baseline may cache what GIDS holds
-    table["mmap_memory_share"] = table["cache_share"] + table["cpu_buffer_share"]
     strict = {**table, "max_coalesce": 1, "cpu_buffer_share": 0.0}
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -98,9 +95,9 @@ def main() -> int:
     store = build(dataset, folder, page_size=table["page_size"])
     graph, labels = Graph.of(dataset), dataset.labels(CLASSES)
     size = store.rows * store.row_stride
+    memory = gnn.feature_memory(table, store)  # the same for both loaders
     say(f"store: {store.rows} rows, {size / 1e9:.2f} GB; host memory for either loader "
-        f"{table['mmap_memory_share'] * 100:.0f} % ({table['mmap_memory_share'] * size / 1e6:.0f} MB)"
-        f"; ready in {time.perf_counter() - t0:.0f} s")
+        f"{memory / 1e6:.0f} MB; ready in {time.perf_counter() - t0:.0f} s")
     train_ids, _ = splits(dataset.counts["paper"])
     rounds = []
     for i in range(args.rounds):
@@ -124,7 +121,7 @@ def main() -> int:
     cache = rounds[-1]["gids"]["cache"]
     print(f"\nfeature gathering, cold, {args.batches} batches of {table['batch_size']} seeds, "
           f"fanouts {table['fanouts']}; store {size / 1e9:.2f} GB, host memory "
-          f"{table['mmap_memory_share'] * size / 1e6:.0f} MB ({size / (table['mmap_memory_share'] * size):.1f}x "
+          f"{memory / 1e6:.0f} MB ({size / memory:.1f}x "
           f"smaller); {args.rounds} rounds (median, min-max)")
     print(f"  mmap budget: {rounds[-1]['mmap']['setup']['detail']}")
     print(f"  gids gather        {med(gids_bw) / 1e6:8.0f} MB/s  (hit rate {cache['hit_rate'] * 100:.0f} %, "

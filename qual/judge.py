@@ -1,7 +1,9 @@
 """Measurements x profile x baseline -> verdicts: the one place a number becomes a pass or a
 fail, used by the pytest plugin and the `qual <family> --profile` command alike. A criterion on
 a measurement that claims the device but lacks the device's own counters is UNVERIFIED, not
-judged, unless the profile says `device_truth = "optional"` (then it carries a caveat)."""
+judged, unless the profile says `device_truth = "optional"` (then it carries a caveat); one whose
+context says why it cannot be a verdict (`unverifiable`: an mmap baseline not held to its
+memory) is UNVERIFIED whatever the profile says."""
 
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ def judge(measurements: list[Measurement], profile: Profile,
             continue
         ceiling = m.context.get("ceiling")  # the most the measuring setup itself can show
         caveats = tuple(m.context.get("caveats", ()))
+        if criteria and m.context.get("unverifiable"):  # no profile setting can excuse these
+            out.unverified += [f"{c.id}: not judged, {m.context['unverifiable']}"
+                               for c in criteria]
+            continue
         missing = unproven(m.context)
         if criteria and missing:
             if profile.device_truth != "optional":

@@ -1,4 +1,4 @@
-"""Fixtures over the test bed (testbed.py): pattern files and loop devices."""
+"""Fixtures over the test bed (testbed.py): pattern files, loop devices and a tmpfs."""
 
 from __future__ import annotations
 
@@ -84,3 +84,13 @@ def loop_device(tmp_path):
             _unmount(point)
         subprocess.run(["partx", "--delete", dev], capture_output=True)
         subprocess.run(["losetup", "--detach", dev], capture_output=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A filesystem with no block device under it (root only)."""
+    point = tmp_path / "tmpfs"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(point)], check=True)
+    yield point
+    _unmount(str(point))

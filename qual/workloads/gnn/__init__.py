@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from qual import honesty
-from qual.units import format_duration
+from qual.units import format_duration, format_quantity
 from qual.engine import BACKENDS, QualError, TargetUnavailable
 from qual.workloads.base import Family, Flags, ResultOutcome, positive
 from qual.family import Field, Metric, Param, measurement_id
@@ -64,21 +64,25 @@ FIELDS = (
     Field("steps", "count", default=100, help="measured steps after the warm-up (seed: 100)"),
     Field("loaders", "choices", default=list(LOADERS), choices=LOADERS),
     Field("page_size", "size", default="4 KiB"),
+    Field("page_cache", "bool", default=True,
+          help="GIDS's software cache; off, every gather reads all it needs (a removal test)"),
     Field("cache_share", "ratio", default="10 %", help="software cache, share of the store"),
     Field("cache_size", "size", minimum=4096, help="software cache size (overrides the share; "
-          "seed: 8 GB)"),
-    Field("cpu_buffer_share", "ratio", default="20 %", help="seed: 20 % of the dataset"),
-    Field("window", "count", default=8, minimum=0, help="batches sampled ahead (GIDS wb_size)"),
-    Field("accumulator", "bool", default=True),
+          "GIDS paper: an 8 GB GPU cache for IGBH-full's 2.2 TB)"),
+    Field("cpu_buffer_share", "ratio", default="20 %",
+          help="constant CPU buffer of the hottest rows, share of the store (seed: 20 %; 0 off)"),
+    Field("window", "count", default=8, minimum=0,
+          help="batches sampled ahead whose pages stay pinned (GIDS wb_size; 0 off)"),
+    Field("accumulator", "bool", default=True,
+          help="merge batches until their storage requests reach GIDS's threshold"),
     Field("ssd_bandwidth", "number", default=5.8, help="GB/s, for the accumulator's threshold"),
     Field("ssd_latency", "duration", default="11 us"),
     Field("system_latency", "duration", default="20 us"),
     Field("ssds", "count", default=1),
     Field("queue_depth", "count", default=128, maximum=4096),
     Field("max_coalesce", "count", default=32, maximum=1024),
-    Field("mmap_memory_share", "ratio", default="20 %",
-          help="host memory the mmap baseline may cache the store in, share of the store"),
-    Field("memory_budget", "choice", default="auto", choices=("auto", "cgroup", "evict")),
+    Field("memory_budget", "choice", default="auto", choices=("auto", "cgroup", "evict"),
+          help="how the mmap baseline is held to GIDS's host memory (cache + CPU buffer)"),
     Field("backend", "choice", default="auto", choices=BACKENDS),
 )
 
@@ -91,7 +95,7 @@ def _check(table: dict) -> list[tuple[str, str]]:
         problems.append(("hidden", f"{table['hidden']} is not a multiple of {table['heads']} heads"))
     if table["page_size"] % 512 or table["page_size"] & (table["page_size"] - 1):
         problems.append(("page_size", "is not a power of two of 512 bytes or more"))
-    for key in ("cache_share", "cpu_buffer_share", "mmap_memory_share"):
+    for key in ("cache_share", "cpu_buffer_share"):
         if not 0 <= table[key] <= 1:
             problems.append((key, f"{table[key] * 100:g} % is outside 0..100 %"))
     if table["cache_share"] <= 0:
@@ -145,35 +149,40 @@ def cache_pages(table: dict, store) -> int:
     return max(1, int(table["cache_share"] * store.rows * store.row_stride // store.page_size))
 
 
+def cpu_buffer_rows(table: dict, store) -> int:
+    return int(table["cpu_buffer_share"] * store.rows)
+
+
+def feature_memory(table: dict, store) -> int:
+    """Host memory GIDS holds features in (its cache and CPU buffer): the mmap baseline's
+    budget, so that both loaders are judged with the same memory."""
+    return cache_pages(table, store) * store.page_size + cpu_buffer_rows(table, store) * store.row_bytes
+
+
 def open_loader(name: str, table: dict, store, graph, labels, **common):
-    """One loader as the profile sets it up: (loader, its setup for the record, what to run
-    before every measured step or None)."""
+    """One loader as the profile sets it up; its setup() says how, for the record."""
     from qual.workloads.gnn.graph import hot_rows
     from qual.workloads.gnn.loaders import (GidsLoader, MemoryBudget, MmapLoader,
                                             accumulator_threshold)
 
     if name == "gids":
         cpu_rows = None
-        if table["cpu_buffer_share"]:
+        if cpu_buffer_rows(table, store):
             hot = hot_rows(graph, store.offsets, table["fanouts"][0])
-            cpu_rows = np.sort(hot[:int(table["cpu_buffer_share"] * store.rows)])
+            cpu_rows = np.sort(hot[:cpu_buffer_rows(table, store)])
         threshold = accumulator_threshold(table["ssd_bandwidth"] * 1e9, table["ssd_latency"],
                                           table["system_latency"], table["ssds"],
                                           store.page_size) if table["accumulator"] else 0
-        pages = cache_pages(table, store)
-        loader = GidsLoader(store, graph, labels, cache_pages=pages, window=table["window"],
-                            threshold=threshold, cpu_rows=cpu_rows,
-                            queue_depth=table["queue_depth"], max_coalesce=table["max_coalesce"],
-                            backend=table["backend"], **common)
-        return loader, {"cache_pages": pages, "cpu_buffer_rows": loader.cpu_rows,
-                        "window": table["window"], "accumulator_threshold": threshold}, None
-    budget = MemoryBudget(store, int(table["mmap_memory_share"] * store.rows * store.row_stride),
+        return GidsLoader(store, graph, labels, cache_pages=cache_pages(table, store),
+                          window=table["window"], threshold=threshold, cpu_rows=cpu_rows,
+                          page_cache=table["page_cache"], queue_depth=table["queue_depth"],
+                          max_coalesce=table["max_coalesce"], backend=table["backend"], **common)
+    budget = MemoryBudget(store, feature_memory(table, store),
                           prefer_cgroup=table["memory_budget"] != "evict")
     if table["memory_budget"] == "cgroup" and budget.mode != "cgroup":
         budget.close()
         raise QualError(errno.ENOTSUP, f"the profile asks for a memory cgroup: {budget.detail}")
-    return MmapLoader(store, graph, labels, budget=budget, **common), budget.as_dict(), \
-        budget.before_step
+    return MmapLoader(store, graph, labels, budget=budget, **common)
 
 
 def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutcome:
@@ -225,7 +234,7 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutc
             if progress:
                 progress(message, None if done is None else (i + done) * share)
         store.drop_cache()  # every loader starts cold
-        loader, setup, before = open_loader(name, table, store, graph, labels, **common)
+        loader = open_loader(name, table, store, graph, labels, **common)
         window, device = {}, {}
         hooks = {}
         if name == "gids":  # the cache's counters of the measured steps only, as GIDS reports,
@@ -241,10 +250,10 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> GnnOutc
         try:
             t0 = time.perf_counter()
             trained = train(loader, relations, table=model, train_ids=train_ids,
-                            val_ids=val_ids, seed=seed, before_step=before, progress=say,
+                            val_ids=val_ids, seed=seed, progress=say,
                             on_pace=lambda step_s, steps, name=name, i=i:
                             pace(name, i == 0, step_s, steps), **hooks)
-            result = {**trained.as_dict(), "setup": setup,
+            result = {**trained.as_dict(), "setup": loader.setup(),
                       "wall_s": time.perf_counter() - t0}
             if name == "gids":
                 result["cache"] = {**window, "device": device.get("seen")} if window else {}
@@ -300,7 +309,28 @@ def measurements(result: dict, target: str) -> list[Measurement]:
         out.append(measure(NAME, METRICS["gnn_speedup"], {},
                            loaders["mmap"]["e2e_s"] / loaders["gids"]["e2e_s"],
                            context={"target": target, "gids_e2e_s": loaders["gids"]["e2e_s"],
-                                    "mmap_e2e_s": loaders["mmap"]["e2e_s"], **proof}))
+                                    "mmap_e2e_s": loaders["mmap"]["e2e_s"], **proof,
+                                    **equal_memory(loaders["gids"]["setup"],
+                                                   loaders["mmap"]["setup"])}))
+    return out
+
+
+def equal_memory(gids: dict, mmap: dict) -> dict:
+    """Both loaders' host memory for features and the baseline's measured residency; a speedup
+    is only a verdict when the baseline had as much memory as GIDS and was held to it."""
+    out = {"gids_memory_bytes": gids["memory_bytes"], "mmap_memory_bytes": mmap["memory_bytes"],
+           "mmap_memory": {k: mmap[k] for k in ("mode", "steps_measured", "max_resident_bytes",
+                                                "steps_over_budget")}}
+    size = lambda n: format_quantity(n, dimension="size")  # noqa: E731
+    if mmap["steps_over_budget"]:
+        out["unverifiable"] = (
+            f"the mmap baseline's page cache exceeded its {size(mmap['memory_bytes'])} budget "
+            f"(plus the step's own rows) at {mmap['steps_over_budget']} of "
+            f"{mmap['steps_measured']} steps, up to {size(mmap['max_resident_bytes'])}: "
+            f"{mmap['mode']} mode could not hold it there")
+    elif mmap["memory_bytes"] < gids["memory_bytes"]:
+        out["unverifiable"] = (f"the mmap baseline had {size(mmap['memory_bytes'])} of host "
+                               f"memory, GIDS {size(gids['memory_bytes'])}")
     return out
 
 
@@ -339,7 +369,13 @@ class GnnOutcome(ResultOutcome):
             out.append(f"{name}: {doc['e2e_s'][name]:.2f} s for {doc['steps']} steps ({stages}), "
                        f"validation accuracy {doc['accuracy'][name] * 100:.1f} %")
         if "speedup" in doc:
-            out.append(f"GIDS speedup over mmap: {doc['speedup']:.2f}x")
+            memory = format_quantity(doc["setup"]["gids"]["memory_bytes"], dimension="size")
+            mm = doc["setup"]["mmap"]
+            out.append(f"GIDS speedup over mmap: {doc['speedup']:.2f}x at equal host memory "
+                       f"({memory} each: GIDS cache + CPU buffer, the mmap baseline's budget "
+                       f"held by {mm['mode']} mode, at most "
+                       f"{format_quantity(mm['max_resident_bytes'], dimension='size')} of the "
+                       "store resident)")
         if "cache" in doc:
             c = doc["cache"]
             out.append(f"GIDS cache: hit rate {c['hit_rate'] * 100:.1f} % ({c['hits']} hits, "

@@ -2,16 +2,19 @@
 
 - GIDS-style (seeds 000/002): the native software page cache over the feature store, a window
   of batches sampled ahead whose pages stay pinned, a storage access accumulator that merges
-  batches until enough reads are outstanding, and a constant CPU buffer of the hottest rows.
-- DGL-style mmap baseline: np.memmap of the same store, fancy-indexed on the CPU, under a
-  host-memory budget (a memory cgroup where the machine allows, else the store's pages
-  evicted before every measured step).
+  batches until the storage requests they would make reach its threshold, and a constant CPU
+  buffer of the hottest rows. Each mechanism can be switched off.
+- DGL-style mmap baseline: a memory map of the same store, fancy-indexed on the CPU, under a
+  host-memory budget that is enforced (a memory cgroup where the machine allows, else the least
+  recently gathered rows evicted before every step) and measured (the store's pages in the page
+  cache after every step).
 """
 
 from __future__ import annotations
 
 import collections
 import errno
+import mmap
 import os
 import struct
 import subprocess
@@ -48,6 +51,7 @@ class Batch:
     x: dict          # node type -> features of the sample's outermost nodes (a tensor)
     y: torch.Tensor  # labels of the seeds
     times: dict = field(default_factory=dict)  # stage -> seconds spent producing this batch
+    untimed: float = 0.0  # seconds the measurement itself spent producing it (not the loader's)
 
 
 class _Batches:
@@ -83,19 +87,25 @@ class _Batches:
         pass
 
 
+MAX_MERGE = 16  # batches one merged gather holds at most, so that its memory stays bounded
+
+
 class GidsLoader(_Batches):
     name = "gids"
 
     def __init__(self, store: FeatureStore, graph: Graph, labels: np.ndarray, *,
                  cache_pages: int, window: int, threshold: int, cpu_rows: np.ndarray | None,
-                 queue_depth: int = 128, max_coalesce: int = 32, backend: str = "auto", **kw):
+                 page_cache: bool = True, queue_depth: int = 128, max_coalesce: int = 32,
+                 backend: str = "auto", **kw):
         super().__init__(store, graph, labels, **kw)
         self.cache = engine.FeatureCache(str(store.path), rows=store.rows,
                                          row_bytes=store.row_bytes, row_stride=store.row_stride,
                                          page_size=store.page_size, capacity_pages=cache_pages,
                                          queue_depth=queue_depth, max_coalesce=max_coalesce,
                                          backend=backend)
+        self.cache_pages, self.page_cache = cache_pages, page_cache
         self.window, self.threshold = window, threshold
+        self.gathers = self.merged = 0  # gathers issued; batches merged into another's gather
         self.cpu_rows = 0
         if cpu_rows is not None and len(cpu_rows):
             buf = torch.empty((len(cpu_rows), FEATURE_DIM), dtype=torch.float32,
@@ -103,6 +113,17 @@ class GidsLoader(_Batches):
             self.cache.set_cpu_buffer(cpu_rows, buf.numpy())
             self._cpu_buffer = buf
             self.cpu_rows = len(cpu_rows)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Host memory holding features: the software cache and the CPU buffer."""
+        return self.cache_pages * self.store.page_size + self.cpu_rows * self.store.row_bytes
+
+    def setup(self) -> dict:
+        return {"page_cache": self.page_cache, "cache_pages": self.cache_pages,
+                "cpu_buffer_rows": self.cpu_rows, "memory_bytes": self.memory_bytes,
+                "window": self.window, "accumulator_threshold": self.threshold,
+                "gathers": self.gathers, "merged_batches": self.merged}
 
     def close(self) -> None:
         self.cache.close()
@@ -118,54 +139,50 @@ class GidsLoader(_Batches):
 
     def _batches(self, seeds: np.ndarray, ahead: collections.deque):
         chunks = iter(enumerate(np.array_split(seeds, max(1, -(-len(seeds) // self.batch_size)))))
-        cpu_per_batch = 0.0
-        done = False
+
+        def sample_next() -> bool:
+            """Sample the next batch into the window (its pages pinned); False at the end."""
+            nxt = next(chunks, None)
+            if nxt is None:
+                return False
+            s = self.draw(*nxt)
+            rows = self.rows_of(s)
+            if self.window:
+                self.cache.window(rows, +1)
+            ahead.append((nxt[0], s, rows))
+            return True
+
+        more = True
         while True:
             t0 = time.perf_counter()
-            while not done and len(ahead) < max(1, self.window):
-                nxt = next(chunks, None)
-                if nxt is None:
-                    done = True
-                    break
-                s = self.draw(*nxt)
-                rows = self.rows_of(s)
-                if self.window:
-                    self.cache.window(rows, +1)
-                ahead.append((nxt[0], s, rows))
+            while more and len(ahead) < max(1, self.window):
+                more = sample_next()
             if not ahead:
                 return
-            # the accumulator: merge batches until the accesses that will reach storage cover
-            # the outstanding-request threshold (raised by what the CPU buffer absorbs)
             group = [ahead.popleft()]
-            pending = len(group[0][2]) - cpu_per_batch
-            while pending < self.threshold and (ahead or not done):
-                if not ahead:
-                    nxt = next(chunks, None)
-                    if nxt is None:
-                        done = True
-                        break
-                    s = self.draw(*nxt)
-                    rows = self.rows_of(s)
-                    if self.window:
-                        self.cache.window(rows, +1)
-                    ahead.append((nxt[0], s, rows))
-                group.append(ahead.popleft())
-                pending += len(group[-1][2]) - cpu_per_batch
+            if self.threshold:
+                # the accumulator: merge batches until the storage requests they would make (pages
+                # neither cached nor in the CPU buffer) reach the threshold
+                pending = self.cache.probe(group[0][2])
+                while pending < self.threshold and len(group) < MAX_MERGE and \
+                        (ahead or (more and (more := sample_next()))):
+                    group.append(ahead.popleft())
+                    pending = self.cache.probe(np.concatenate([r for _, _, r in group]))
             sampled = time.perf_counter() - t0
             rows = np.concatenate([r for _, _, r in group])
             feats = torch.empty((len(rows), FEATURE_DIM), dtype=torch.float32,
                                 pin_memory=self.device.type == "cuda")
-            before = self.cache.stats().cpu_hits
             t1 = time.perf_counter()
             self.cache.gather(rows, feats.numpy())
             gathered = time.perf_counter() - t1
-            cpu_per_batch = (self.cache.stats().cpu_hits - before) / len(group)
+            self.gathers += 1
+            self.merged += len(group) - 1
+            if not self.page_cache:  # switched off: nothing stays for the next gather
+                self.cache.drop()
             if self.window:
                 for _, _, r in group:
                     self.cache.window(r, -1)
-            t2 = time.perf_counter()
-            feats = feats.to(self.device, non_blocking=True)  # overlaps the next gather on CUDA
-            moved = time.perf_counter() - t2
+            feats, moved = self._transfer(feats)
             at = 0
             for k, (index, s, r) in enumerate(group):
                 part = feats[at:at + len(r)]
@@ -173,6 +190,21 @@ class GidsLoader(_Batches):
                 times = {"sample": sampled, "gather": gathered, "transfer": moved} if k == 0 \
                     else {"sample": 0.0, "gather": 0.0, "transfer": 0.0}
                 yield Batch(index, s, self.split(s, part), self.label(s), times)
+
+
+    def _transfer(self, feats: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Features to the device and the seconds the copy took: on CUDA an asynchronous copy
+        from pinned memory, timed by CUDA events around it (its enqueue returns at once)."""
+        if self.device.type != "cuda":
+            t0 = time.perf_counter()
+            feats = feats.to(self.device)
+            return feats, time.perf_counter() - t0
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        feats = feats.to(self.device, non_blocking=True)
+        end.record()
+        end.synchronize()
+        return feats, start.elapsed_time(end) / 1e3
 
 
 class MmapLoader(_Batches):
@@ -183,21 +215,31 @@ class MmapLoader(_Batches):
         super().__init__(store, graph, labels, **kw)
         self.budget = budget
 
-    def batches(self, seeds: np.ndarray, measured: bool = True):
+    @property
+    def memory_bytes(self) -> int:
+        return self.budget.budget
+
+    def setup(self) -> dict:
+        return self.budget.as_dict()
+
+    def batches(self, seeds: np.ndarray):
         for index, chunk in enumerate(np.array_split(seeds, max(1, -(-len(seeds) // self.batch_size)))):
             t0 = time.perf_counter()
             s = self.draw(index, chunk)
             rows = self.rows_of(s)
             sampled = time.perf_counter() - t0
-            self.budget.before_step()
+            u0 = time.perf_counter()
+            self.budget.before_step()  # the measurement's work, not the loader's
             t1 = time.perf_counter()
             feats = torch.from_numpy(self.budget.gather(rows))
             gathered = time.perf_counter() - t1
+            self.budget.after_step(rows)
+            untimed = (t1 - u0) + (time.perf_counter() - t1 - gathered)
             t2 = time.perf_counter()
             feats = feats.to(self.device)
             moved = time.perf_counter() - t2
             yield Batch(index, s, self.split(s, feats), self.label(s),
-                        {"sample": sampled, "gather": gathered, "transfer": moved})
+                        {"sample": sampled, "gather": gathered, "transfer": moved}, untimed)
 
     def close(self) -> None:
         self.budget.close()
@@ -206,40 +248,72 @@ class MmapLoader(_Batches):
 # ------------------------------------------------------------------ the mmap baseline's memory
 
 
+ROOM_FLOOR = 64 << 20  # below this a memory cgroup cannot reclaim mapped pages fast enough
+
+
 class MemoryBudget:
-    """Host memory the mmap baseline may cache the store in. In a memory cgroup (where this
-    process may create one) the gathers run in a small server process whose cgroup holds its
-    own needs plus the budget; elsewhere the store's pages are evicted before every step."""
+    """Host memory the mmap baseline may cache the store in, enforced and measured. Enforced by
+    a memory cgroup where this process may create one and the budget is at least ROOM_FLOOR (the
+    gathers run in a small server process whose cgroup holds its own needs plus the budget),
+    else by evicting the least recently gathered rows beyond the budget before every step.
+    Measured after every step: the store's pages in the page cache (mincore) may exceed the
+    budget by that step's rows at most; `enforced` says whether they ever did."""
 
     def __init__(self, store: FeatureStore, budget_bytes: int, *, prefer_cgroup: bool = True):
         self.store, self.budget = store, budget_bytes
-        self.mode, self.detail = "evict", "store pages evicted before every measured step"
-        self._mm = store.memmap()
-        self._server = None
+        self.mode = "evict"
+        self.detail = ("the least recently gathered rows beyond the budget evicted before every "
+                       "step")
+        self.steps = self.over = self.max_resident = 0
+        self._server = self._lru = None
         if prefer_cgroup:
             why = self._start_server()
             if why:
                 self.detail += f" (no memory cgroup: {why})"
+        if self._server is None:
+            self._lru = _LruEviction(store, budget_bytes)
+
+    @property
+    def enforced(self) -> bool:
+        """Every step measured stayed within the budget plus its own rows."""
+        return self.steps > 0 and self.over == 0
 
     def as_dict(self) -> dict:
-        return {"mode": self.mode, "budget_bytes": self.budget, "detail": self.detail}
+        return {"mode": self.mode, "memory_bytes": self.budget, "detail": self.detail, "steps_measured": self.steps,
+                "max_resident_bytes": self.max_resident, "steps_over_budget": self.over}
+
+    def resident_bytes(self) -> int:
+        """The store's bytes in the page cache now, whoever brought them in."""
+        return int(engine.page_residency(str(self.store.path)).sum()) * mmap.PAGESIZE
 
     def before_step(self) -> None:
-        if self.mode == "evict":
-            self.store.drop_cache()
+        if self._lru is not None:
+            self._lru.evict()
+
+    def after_step(self, rows: np.ndarray) -> None:
+        resident = self.resident_bytes()
+        self.steps += 1
+        self.max_resident = max(self.max_resident, resident)
+        if resident > self.budget + len(np.unique(rows)) * self.store.row_stride:
+            self.over += 1
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         if self._server is None:
-            return self._mm[rows]
+            return self._lru.gather(rows)
         return self._server.gather(rows)
 
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
             self._server = None
-        self._mm = None  # unmap the store
+        if self._lru is not None:
+            self._lru.close()
+            self._lru = None
 
     def _start_server(self) -> str | None:
+        if self.budget < ROOM_FLOOR:
+            return (f"a cgroup needs at least {ROOM_FLOOR >> 20} MiB of room to reclaim mapped "
+                    f"pages in time, the budget is {self.budget >> 20} MiB")
         group = _memory_cgroup()
         if group is None:
             return "this process has no memory cgroup it may create children in"
@@ -248,12 +322,50 @@ class MemoryBudget:
         except OSError as e:
             return f"{e.strerror or e}"
         self.mode = "cgroup"
-        room = self._server.room
         self.detail = (f"gathers run in a process whose memory cgroup {self._server.cgroup} is "
                        f"limited to {self._server.limit} bytes: its own {self._server.base} "
-                       f"plus {room}" + (f" (the budget raised to the {ROOM_FLOOR >> 20} MiB "
-                                        "floor)" if room > self.budget else " (the budget)"))
+                       f"plus the budget")
         return None
+
+
+class _LruEviction:
+    """The budget without a cgroup: the store mapped here (random access, no readahead); before
+    every step the rows the page cache holds beyond the budget are evicted, least recently
+    gathered first: unmapped from this process, then dropped from the page cache."""
+
+    def __init__(self, store: FeatureStore, budget: int):
+        if store.row_stride % mmap.PAGESIZE:
+            raise QualError(errno.EINVAL, f"rows of {store.row_stride} bytes are not whole "
+                            f"{mmap.PAGESIZE}-byte pages", target=str(store.path))
+        self.store, self.keep = store, budget // store.row_stride
+        self.fd = os.open(store.path, os.O_RDONLY | os.O_CLOEXEC)
+        self.map = mmap.mmap(self.fd, store.rows * store.row_stride, prot=mmap.PROT_READ)
+        self.map.madvise(mmap.MADV_RANDOM)
+        self.used = np.zeros(store.rows, dtype=np.int64)  # the step each row was last gathered
+        self.clock = 0
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        self.clock += 1
+        self.used[rows] = self.clock
+        raw = np.frombuffer(self.map, dtype=np.uint8).reshape(self.store.rows, self.store.row_stride)
+        return raw[rows, :self.store.row_bytes].view(np.float32)
+
+    def evict(self) -> None:
+        stride = self.store.row_stride
+        pages = engine.page_residency(str(self.store.path))[:self.store.rows * stride // mmap.PAGESIZE]
+        held = np.flatnonzero(pages.reshape(self.store.rows, -1).any(axis=1))
+        excess = len(held) - self.keep
+        if excess <= 0:
+            return
+        victims = np.sort(held[np.argsort(self.used[held], kind="stable")[:excess]])
+        for run in np.split(victims, np.flatnonzero(np.diff(victims) != 1) + 1):
+            at, length = int(run[0]) * stride, len(run) * stride
+            self.map.madvise(mmap.MADV_DONTNEED, at, length)
+            os.posix_fadvise(self.fd, at, length, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
 
 
 def _memory_cgroup() -> tuple[str, Path] | None:
@@ -276,9 +388,6 @@ def _memory_cgroup() -> tuple[str, Path] | None:
             if ctl.exists() and "memory" in ctl.read_text().split() and os.access(folder, os.W_OK):
                 return "v2", folder
     return None
-
-
-ROOM_FLOOR = 64 << 20
 
 
 class _GatherServer:
@@ -304,10 +413,7 @@ class _GatherServer:
             raise OSError(errno.EIO, "the gather server did not start")
         store.drop_cache()  # cached pages are charged elsewhere: the server starts cold
         self.base = int((self.cgroup / usage_file).read_text())
-        # below a few tens of MiB of room the kernel cannot reclaim mapped pages fast enough
-        # and kills the server instead: the budget is raised to that floor, and says so
-        self.room = max(budget, ROOM_FLOOR)
-        self.limit = self.base + self.room
+        self.limit = self.base + budget
         (self.cgroup / limit_file).write_text(str(self.limit))
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
@@ -353,7 +459,16 @@ class _GatherServer:
             if shm is not None:
                 shm.close()
                 shm.unlink()
-        try:
-            self.cgroup.rmdir()
-        except OSError:
-            pass
+        # the server's exit reaches the cgroup's accounting a moment after wait() returns
+        for attempt in range(50):
+            try:
+                self.cgroup.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                if attempt == 49:
+                    raise QualError(e.errno or errno.EBUSY, f"the mmap baseline's memory cgroup "
+                                    f"cannot be removed ({e.strerror}): rmdir it by hand",
+                                    target=str(self.cgroup)) from e
+                time.sleep(0.02)

@@ -45,11 +45,11 @@ PACE_STEPS = 8  # steps timed (after the first) to estimate how long training wi
 
 
 def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.ndarray,
-          seed: int, before_step=None, window_start=None, window_end=None,
+          seed: int, window_start=None, window_end=None,
           progress=None, on_pace=None) -> Training:
     """Train to the profile's epochs (and at least warm-up + measured steps), timing the steps
-    of the measured window end to end; then the validation accuracy. before_step runs before
-    every measured step, window_start and window_end around the window (GIDS resets its
+    of the measured window end to end (less what the measurement itself spent on a batch); then
+    the validation accuracy. window_start and window_end run around the window (GIDS resets its
     counters at the warm-up's end and reports them 100 steps later). on_pace(seconds a step,
     steps in all) is called once, after the first steps, so the caller can say how long the
     run will take."""
@@ -72,8 +72,6 @@ def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.
             in_window = warmup <= step < warmup + measure
             if step == warmup and window_start:
                 window_start()
-            if in_window and before_step:
-                before_step()
             t0 = time.perf_counter()
             batch = next(batches, None)
             if batch is None:
@@ -88,7 +86,7 @@ def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.
             t2 = time.perf_counter()
             losses.append(loss.item())
             if in_window:
-                e2e += t2 - t0
+                e2e += t2 - t0 - batch.untimed
                 rows += batch.sample.node_count
                 for k, v in batch.times.items():
                     stages[k] += v
