@@ -104,7 +104,11 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     cmp.add_argument("--chart", default=None, metavar="PNG", help="write a before/after chart")
     cmp.add_argument("--json", action="store_true", help="print a JSON document")
 
-    sub.add_parser("profiles", help="list the shipped profiles")
+    prof = sub.add_parser("profiles", help="list the shipped profiles, or check them")
+    prof.add_argument("--check", nargs="?", const="", default=None, metavar="PROFILE",
+                      help="check that a drive of the class can meet every bound (link, "
+                      "published peaks, dataset size): the shipped profiles, or this one; "
+                      "exit 1 when one cannot")
 
     clean = sub.add_parser("clean", help="remove the scratch file qual created on a target")
     clean.add_argument("target", nargs="?", default=None)
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(args, extra, families)
         if args.command == "profiles":
-            return cmd_profiles(families)
+            return cmd_profiles(families, args.check)
         if args.command == "compare":
             return cmd_compare(args)
         if args.command == "report":
@@ -341,14 +345,25 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     return int(pytest.main(argv + extra))
 
 
-def cmd_profiles(families: dict) -> int:
-    from qual import thresholds
+def cmd_profiles(families: dict, check: str | None = None) -> int:
+    from qual import feasibility, thresholds
 
     rows = thresholds.list_profiles(families)
-    width = max(len(name) for name, _, _ in rows)
-    for name, description, _ in rows:
-        print(f"{name:<{width}}  {description}")
-    return 0
+    if check is None:
+        width = max(len(name) for name, _, _ in rows)
+        for name, description, _ in rows:
+            print(f"{name:<{width}}  {description}")
+        return 0
+    failed = 0
+    for spec in [check] if check else [name for name, _, _ in rows]:
+        profile = thresholds.load_profile(spec, families)
+        problems = feasibility.problems(profile)
+        print(f"{profile.name}: " + ("feasible" if not problems else
+                                     f"{len(problems)} bound(s) no drive of the class can meet"))
+        for p in problems:
+            print(f"  {p}")
+        failed += bool(problems)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

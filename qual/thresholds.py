@@ -10,8 +10,9 @@ once, before any I/O.
 from __future__ import annotations
 
 import hashlib
+import re
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
@@ -24,7 +25,9 @@ from qual.family import Field, measurement_id
 from qual.workloads.base import Family, Settings
 from qual.record import DEFAULT_TOLERANCE
 
-PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth")
+PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
+                "peak_read_bw")
+LINK = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s\s+x(\d+)\s*$")  # "32 GT/s x4": the class's host link
 DEVICE_TRUTH = ("required", "optional")  # optional: judged without it, with a caveat
 CRITERION_KEYS = ("metric", "params", "min", "max", "unit", "source", "severity", "tolerance")
 SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
@@ -155,6 +158,8 @@ class Profile:
     criteria: tuple[Criterion, ...]
     gate: str = DEFAULT_GATE  # the least severity whose failed criterion fails the gate
     device_truth: str = "required"  # a claim on the device is judged only with its counters
+    link: str | None = None  # the drive class's host link, "32 GT/s x4"
+    peak_read_bw: dict = field(default_factory=dict)  # block size -> the class's published peak
 
     @property
     def gated_severities(self) -> tuple[str, ...]:
@@ -219,7 +224,8 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    files=tuple(d["path"] for d in chain), digest=digest,
                    tables={k: Settings(v) for k, v in tables.items()},
                    criteria=tuple(criteria.values()), gate=info.get("gate", DEFAULT_GATE),
-                   device_truth=info.get("device_truth", "required"))
+                   device_truth=info.get("device_truth", "required"), link=info.get("link"),
+                   peak_read_bw=info.get("peak_read_bw", {}))
 
 
 def family_table(fam: Family, given: dict, *, label: str = "flags") -> Settings:
@@ -320,6 +326,22 @@ def _parse_profile_table(value, label, problems) -> dict:
                 problems.append((label, where, f"{v!r} is not one of {', '.join(DEVICE_TRUTH)}"))
             else:
                 out[key] = v
+        elif key == "link":
+            if not isinstance(v, str) or not LINK.match(v):
+                problems.append((label, where, f"{v!r} is not a PCIe link like \"32 GT/s x4\""))
+            else:
+                out[key] = v
+        elif key == "peak_read_bw":
+            peaks = {}
+            for bs, q in (v.items() if isinstance(v, dict) else ()):
+                try:
+                    peaks[units.parse_size(bs, name="block size")] = \
+                        units.parse_quantity(q, "bandwidth")
+                except units.UnitError as e:
+                    problems.append((label, f"{where}.{bs}", str(e)))
+            if not isinstance(v, dict):
+                problems.append((label, where, "must be a table of block size = bandwidth"))
+            out[key] = peaks
         elif key == "gate":
             if v not in SEVERITIES:
                 problems.append((label, where, f"{v!r} is not a severity ({', '.join(SEVERITIES)})"))

@@ -73,6 +73,18 @@ def test_profiles_lists_shipped_profiles():
     assert {"ci", "gen5-tlc", "gen4-qlc", "nvme-rig"} <= set(names)
 
 
+def test_profiles_check_names_a_bound_no_drive_of_the_class_can_meet(tmp_path):
+    proc = qual("profiles", "--check")
+    assert proc.returncode == 0 and "gen5-tlc: feasible" in proc.stdout, proc.stdout
+    (tmp_path / "p.toml").write_text(
+        '[profile]\nextends = "gen4-qlc"\ndescription = "x"\n\n[[bandwidth.criteria]]\n'
+        'metric = "seq_read_bw"\nparams = { bs = "1M", qd = 64 }\nmin = 8\nunit = "GB/s"\n'
+        'source = "a wish"\n')
+    proc = qual("profiles", "--check", str(tmp_path / "p.toml"))
+    assert proc.returncode == 1
+    assert "more than a 16 GT/s x4 link carries (7.88 GB/s)" in proc.stdout, proc.stdout
+
+
 def test_run_wraps_pytest_and_leaves_record_and_allure(tmp_path):
     proc = qual("run", "--profile", str(TINY_PROFILE), "--results", "out", "-q", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
