@@ -148,6 +148,7 @@ def run(args, families: dict[str, Family]) -> int:
             return 1
         if verdict.unverified:
             print(f"qual {name}: INCOMPLETE: {len(verdict.unverified)} criteria of profile "
-                  f"{profile.name} not judged without device truth", file=sys.stderr)
+                  f"{profile.name} not judged without proof: {verdict.unverified[0]}",
+                  file=sys.stderr)
             return EXIT_INCOMPLETE
     return outcome.exit_status()

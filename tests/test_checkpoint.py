@@ -213,6 +213,7 @@ def test_two_ranks_write_restore_and_keep_the_newest(tmp_path):
     assert restore["intact"] and restore["errors"] == [] and restore["path"].endswith("ckpt-000004")
     assert restore["verified_bytes"] == restore["bytes"] == result["plan"]["bytes"]
     assert result["torch"]["round_trip_equal"]
+    assert "intact: True (CRC32C of every chunk" in "\n".join(result.lines())
     manifest = json.loads((tmp_path / "qual-checkpoints" / "ckpt-000004" / MANIFEST).read_text())
     assert [r["rank"] for r in manifest["ranks"]] == [0, 1]
     assert sum(len(r["tensors"]) for r in manifest["ranks"]) == result["plan"]["tensors"]
@@ -228,6 +229,13 @@ def test_four_rank_processes(tmp_path):
     result = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, restore=True))
     assert result["world"] == 4 and result["restore"]["intact"]
     assert len(result["checkpoints"][0]["rank_seconds"]) == 4
+
+
+def test_a_rank_larger_than_its_pool_says_how_much_was_compared_byte_for_byte(tmp_path):
+    result = checkpoint.run(Target(tmp_path), tiny(restore=True, pool="1 MiB"))
+    restore, doc = result["restore"], result.document()
+    assert restore["intact"] and doc["crc_checked_bytes"] == result["plan"]["bytes"]
+    assert 0 < doc["byte_compared_bytes"] <= 2 * (1 << 20) < doc["crc_checked_bytes"]
 
 
 def test_a_flipped_byte_in_a_data_file_is_caught_on_restore(tmp_path):

@@ -4,7 +4,8 @@ truth optional (then every result carries a caveat); and every implausibility er
 
 from __future__ import annotations
 
-import subprocess
+import os
+import textwrap
 from dataclasses import replace
 
 import pytest
@@ -16,16 +17,6 @@ from qual.target import Identity, Target
 from qual.workloads import checkpoint, gnn, training
 
 GEN3_X1 = Identity(transport="nvme", link_speed="8.0 GT/s PCIe", link_width="1")  # 0.98 GB/s
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A filesystem with no block device under it."""
-    point = tmp_path / "tmpfs"
-    point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(point)], check=True)
-    yield point
-    subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 @needs_root
@@ -145,3 +136,55 @@ def test_gids_reads_must_reach_the_device():
               "loaders": {"gids": loader}}
     with pytest.raises(honesty.ImplausibleMeasurement, match="GIDS feature reads"):
         gnn.measurements(result, "t")
+
+
+# ------------------------------------------------------------------ the verdict an implausibility gives
+
+# pytest plugins (-p) that fake what the suites read about the device, no root needed
+FAKES = {
+    "counters": """
+        from qual import target
+        from qual.target.identity import DeviceStat
+
+        def pytest_configure(config):  # a device whose counters never move
+            target.Target.device_stat = lambda self: DeviceStat(0, 0, 0, 0.0)
+        """,
+    "link": """
+        import dataclasses
+        from qual import target
+
+        real = target.read_identity
+
+        def pytest_configure(config):  # a link no disk is slow enough for: 125 KB/s
+            target.read_identity = lambda *a, **k: dataclasses.replace(
+                real(*a, **k), link_speed="0.001 GT/s", link_width="1")
+        """,
+}
+
+
+@pytest.mark.parametrize("fake, error", [
+    ("counters", "did not reach the device (a cache served them)"),
+    ("link", "exceeds what a 0.001 GT/s x1 link can carry"),
+])
+def test_an_implausible_measurement_is_an_error_not_a_verdict(tmp_path, fake, error):
+    (tmp_path / "fake.py").write_text(textwrap.dedent(FAKES[fake]))
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    proc, results = run_suite(tmp_path, "-p", "fake", env_extra={"PYTHONPATH": path})
+    summary = load_record(results)["summary"]
+    assert proc.returncode == 1 and summary["verdict"] == "ERROR", proc.stdout[-3000:]
+    assert summary["checks_passed"] == summary["checks_failed"] == 0
+    assert error in proc.stdout
+
+
+def test_the_commands_run_the_suites_checks(tmp_path, monkeypatch, capsys):
+    """`qual train` reads through the same checks as the suite: counters that never move make
+    its O_DIRECT reads implausible."""
+    from qual import cli
+    from qual.target.identity import DeviceStat
+
+    monkeypatch.setattr(Target, "device_stat", lambda self: DeviceStat(0, 0, 0, 0.0))
+    rc = cli.main(["train", "--target", str(tmp_path), "--files", "16", "--record-scale",
+                   "0.002", "--computation-time", "10ms", "--accelerators", "1", "--epochs", "1",
+                   "-q"])
+    assert rc == 1
+    assert "O_DIRECT sample reads: they did not reach the device" in capsys.readouterr().err

@@ -70,5 +70,16 @@ def test_a_write_cell_runs_in_rounds_and_reports_its_window(tmp_path):
     assert bw.value == pytest.approx(sum(ss["window_bw"]) / len(ss["window_bw"]))
     assert ss["reached"] or "NOT achieved in 7 rounds" in bw.context["caveats"][0]
     assert said[0].startswith("preconditioning") and "steady state" in said[-1]
+    # bytes, operations, latencies and the device's counts cover the whole window, not its
+    # last round
+    window = len(ss["window_bw"])
+    assert bw.context["rounds_in_window"] == window
+    assert bw.context["elapsed_s"] >= 0.9 * window * 0.05  # every round's 0.05 s
+    assert sum(bw.samples.values()) == bw.context["ops"] > 0
+    assert bw.context["bytes"] == pytest.approx(bw.context["ops"] * 64 * 1024)
+    assert bw.context["bytes"] == pytest.approx(
+        sum(ss["window_bw"]) / window * bw.context["elapsed_s"], rel=0.25)
+    if bw.context.get("device_truth") == "counted":
+        assert bw.context["device_bytes"] >= 0.9 * bw.context["bytes"]
     rbw, _ = bandwidth.run_cell(target, table, read)  # reads are measured once
     assert "steady_state" not in rbw.context

@@ -3,10 +3,11 @@ latency QoS: which cells a profile asks for, and how one cell becomes measuremen
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from qual import engine, honesty, steady
-from qual.engine import BACKENDS, IoResult
+from qual.engine import BACKENDS, IoResult, LatencyHistogram
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.workloads.base import Family, Outcome
@@ -184,7 +185,7 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
         precondition(target, table, ss["precondition_passes"], say)
         state, rounds = steady.rounds_until_steady(one_round, ss["max_rounds"])
         window = rounds[-len(state.window):]
-        result, context = rounds[-1]
+        result, context = _window(window)
         bw = state.mean
         iops = sum(r.iops for r, _ in window) / len(window)
         context = {**context, "steady_state": {
@@ -200,6 +201,32 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
         measure(NAME, METRICS[f"{cell.pattern}_bw"], params, bw, context=context, samples=bins),
         measure(NAME, METRICS[f"{cell.pattern}_iops"], params, iops, context=context),
     ]
+
+
+def _window(rounds: list[tuple[IoResult, dict]]) -> tuple[IoResult, dict]:
+    """The steady-state window as one result: its rounds' bytes, operations, time, CPU and
+    latencies together, and the device's counts summed over them (every round was checked
+    against its own counters as it ran; the window is proven only if each round was)."""
+    first, context = rounds[0]
+    latency = LatencyHistogram()
+    for r, _ in rounds:
+        latency.merge(r.latency)
+    result = dataclasses.replace(first, bytes=sum(r.bytes for r, _ in rounds),
+                                 ops=sum(r.ops for r, _ in rounds),
+                                 elapsed=sum(r.elapsed for r, _ in rounds),
+                                 cpu_user=sum(r.cpu_user for r, _ in rounds),
+                                 cpu_sys=sum(r.cpu_sys for r, _ in rounds), latency=latency)
+    context = {**context, "bytes": result.bytes, "ops": result.ops, "elapsed_s": result.elapsed,
+               "cpu_s": result.cpu, "latency_ns": latency.summary(), "rounds_in_window": len(rounds)}
+    truths = {c.get("device_truth") for _, c in rounds}
+    if truths == {honesty.COUNTED}:
+        context["device_bytes"] = sum(c["device_bytes"] for _, c in rounds)
+        context["device_utilisation"] = sum(c["device_utilisation"] or 0 for _, c in rounds) / len(rounds)
+    else:
+        context["device_truth"] = next(t for t in truths if t != honesty.COUNTED)
+        context.pop("device_bytes", None)
+        context.pop("device_utilisation", None)
+    return result, context
 
 
 def run_latency(target: Target, table: dict, *, seed: int = 1) -> list[Measurement]:

@@ -1,5 +1,6 @@
 """DLIO-style LLM checkpointing (seed 004): passes of checkpoints that fill the target, a
-restore verified bit for bit, and torch.save / torch.load of the same tensors for comparison.
+restore checked (every chunk's CRC32C against the write's; the bytes each rank's data pool
+holds, byte for byte), and torch.save / torch.load of the same tensors for comparison.
 Ranks are processes joined by torch.distributed (gloo)."""
 
 from __future__ import annotations
@@ -367,7 +368,8 @@ class CheckpointOutcome(ResultOutcome):
         r = self["restore"]
         if r:
             doc.update(restore_s=r["seconds"], restore_bw_bytes=r["bytes"] / r["seconds"]
-                       if r["bytes"] else 0.0, verified=r["intact"], restore_errors=r["errors"])
+                       if r["bytes"] else 0.0, verified=r["intact"], restore_errors=r["errors"],
+                       crc_checked_bytes=r["bytes"], byte_compared_bytes=r["verified_bytes"])
         t = self["torch"]
         if t:
             doc.update(torch_save_bw_bytes=t["bytes"] / t["save_s"],
@@ -381,7 +383,9 @@ class CheckpointOutcome(ResultOutcome):
                for i, s in enumerate(doc["write_s"], 1)]
         if self["restore"]:
             out.append(f"restore: {doc['restore_s']:.2f} s ({doc['restore_bw_bytes'] / 1e9:.2f} "
-                       f"GB/s), verified: {doc['verified']}")
+                       f"GB/s), intact: {doc['verified']} (CRC32C of every chunk, "
+                       f"{doc['crc_checked_bytes'] / 1e9:.3f} GB; "
+                       f"{doc['byte_compared_bytes'] / 1e9:.3f} GB of it byte for byte)")
             out += [f"  {e}" for e in doc["restore_errors"]]
         if self["torch"]:
             out.append(f"torch.save + fsync: {doc['torch_save_bw_bytes'] / 1e9:.2f} GB/s, "
