@@ -330,7 +330,8 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
  * (every block once), and makes them durable; a read pass reads them back and classifies each:
  * good, corrupted (its bytes fail their CRC, or no header), foreign (another run's seed),
  * misdirected (a good block that names another offset), or stale (this block from an older
- * sequence: a lost write). The first max_report bad blocks are described in `bad`. */
+ * sequence: a lost write). The max_report bad blocks at the lowest offsets are described in
+ * `bad`, in offset order (whatever order the reads completed in). */
 enum qual_verdict_kind {
     QUAL_BLOCK_CORRUPTED = 1,
     QUAL_BLOCK_FOREIGN = 2,

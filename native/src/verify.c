@@ -114,6 +114,52 @@ struct pass {
     struct qual_ctl *ctl;
 };
 
+/* Keep the max_report bad blocks at the lowest offsets: a max-heap on offset while the pass
+ * runs (reads complete in any order), sorted when it ends. */
+static void sift_down(struct qual_bad_block *b, uint32_t n, uint32_t i)
+{
+    for (;;) {
+        uint32_t big = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && b[l].offset > b[big].offset)
+            big = l;
+        if (r < n && b[r].offset > b[big].offset)
+            big = r;
+        if (big == i)
+            return;
+        struct qual_bad_block t = b[i];
+        b[i] = b[big];
+        b[big] = t;
+        i = big;
+    }
+}
+
+static void report(struct pass *ps, struct qual_bad_block bad)
+{
+    struct qual_bad_block *b = ps->bad;
+    uint32_t n = ps->res->reported;
+    if (n < ps->max_report) {
+        uint32_t i = n;
+        b[i] = bad;
+        while (i > 0 && b[(i - 1) / 2].offset < b[i].offset) { /* sift up */
+            struct qual_bad_block t = b[i];
+            b[i] = b[(i - 1) / 2];
+            b[(i - 1) / 2] = t;
+            i = (i - 1) / 2;
+        }
+        ps->res->reported = n + 1;
+    } else if (n && bad.offset < b[0].offset) {
+        b[0] = bad;
+        sift_down(b, n, 0);
+    }
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    uint64_t x = ((const struct qual_bad_block *)a)->offset;
+    uint64_t y = ((const struct qual_bad_block *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
 /* Account one completed block: its result (faults applied) and, for a read, its verdict. */
 static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got)
 {
@@ -138,9 +184,7 @@ static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got
             uint64_t *count[] = {NULL, &res->corrupted, &res->foreign, &res->misdirected,
                                  &res->stale};
             (*count[kind])++;
-            if (res->reported < ps->max_report)
-                ps->bad[res->reported++] = (struct qual_bad_block){off, kind, h.offset, h.seed,
-                                                                   h.seq};
+            report(ps, (struct qual_bad_block){off, kind, h.offset, h.seed, h.seq});
         }
     }
     return 0;
@@ -223,5 +267,7 @@ int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct q
         rc = qual_set_error(-errno, "fdatasync %s: %s", path, strerror(errno));
     res->elapsed_ns = now_ns() - t0;
     close(fd);
+    if (res->reported)
+        qsort(bad, res->reported, sizeof(*bad), by_offset);
     return rc;
 }
