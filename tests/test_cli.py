@@ -85,6 +85,14 @@ def test_profiles_check_names_a_bound_no_drive_of_the_class_can_meet(tmp_path):
     assert "more than a 16 GT/s x4 link carries (7.88 GB/s)" in proc.stdout, proc.stdout
 
 
+def test_run_exits_6_when_a_criterion_was_not_judged(tmp_path):
+    proc = qual("run", "--profile", str(TINY_PROFILE), "--results", "out", "-q", "-k", "seq_read",
+                cwd=tmp_path)
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    summary = load_record(tmp_path / "out")["summary"]
+    assert summary["verdict"] == "INCOMPLETE" and summary["checks_failed"] == 0
+
+
 def test_run_wraps_pytest_and_leaves_record_and_allure(tmp_path):
     proc = qual("run", "--profile", str(TINY_PROFILE), "--results", "out", "-q", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -331,9 +331,10 @@ def test_the_mmap_baseline_stays_within_its_budget_at_every_step(tmp_path, mode)
     limit = 64 << 20
     budget = MemoryBudget(store, limit, prefer_cgroup=mode == "cgroup")
     rng = np.random.default_rng(5)
-    peak = 0
+    peak, cgroup = 0, budget.cgroup
     try:
         assert budget.mode == mode, budget.detail
+        assert (cgroup is not None and cgroup.is_dir()) == (mode == "cgroup")
         for step in range(24):  # 4 MiB of rows a step, 96 MiB in all
             rows = rng.integers(0, store.rows, 1024)
             budget.before_step()
@@ -346,6 +347,7 @@ def test_the_mmap_baseline_stays_within_its_budget_at_every_step(tmp_path, mode)
         assert peak >= limit // 2  # it keeps what its budget allows, it does not drop it all
     finally:
         budget.close()
+    assert cgroup is None or not cgroup.exists()  # no cgroup left behind
 
 
 @needs_root
@@ -424,6 +426,12 @@ def test_the_gnn_suite_passes_and_records(tmp_path):
     ids = {m["id"] for t in record["tests"] for m in t["measurements"]}
     assert {"gnn_accuracy[loader=gids]", "gnn_accuracy[loader=mmap]", "gnn_speedup",
             "gnn_hit_rate", "gnn_stage_s[loader=gids,stage=gather]"} <= ids
+    speedup = next(m for t in record["tests"] for m in t["measurements"]
+                   if m["id"] == "gnn_speedup")["context"]
+    # judged at equal memory: both budgets recorded, the baseline held to its own
+    assert speedup["gids_memory_bytes"] == speedup["mmap_memory_bytes"] > 0
+    assert speedup["mmap_memory"]["steps_over_budget"] == 0 and "unverifiable" not in speedup
+    assert speedup["mmap_memory"]["steps_measured"] > 0
     verdicts = [v for t in record["tests"] for v in t["verdicts"]]
     assert {v["id"] for v in verdicts} == {"gnn_accuracy[loader=gids]", "gnn_accuracy[loader=mmap]"}
     assert all(v["passed"] for v in verdicts)
@@ -440,6 +448,8 @@ def test_gnn_command_json(tmp_path):
     assert {"e2e_s", "speedup", "accuracy", "cache", "effective_bw_bytes", "stages"} <= doc.keys()
     assert {"hits", "misses", "cpu_buffer_hits", "ssd_reads", "hit_rate"} <= doc["cache"].keys()
     assert set(doc["accuracy"]) == {"gids", "mmap"} and doc["cache"]["writes"] == 0
+    assert doc["setup"]["gids"]["memory_bytes"] == doc["setup"]["mmap"]["memory_bytes"] > 0
+    assert doc["setup"]["gids"]["gathers"] > 0
     assert not list(tmp_path.iterdir())  # what qual made is gone
 
 

@@ -188,3 +188,18 @@ def test_the_commands_run_the_suites_checks(tmp_path, monkeypatch, capsys):
                    "-q"])
     assert rc == 1
     assert "O_DIRECT sample reads: they did not reach the device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seen, from_device, truth", [
+    (None, None, honesty.NO_DEVICE),  # nobody counted: unknown, not true
+    ({"read_bytes": 0, "write_bytes": 0, "utilisation": 0.0}, False, "not from the device"),
+    ({"read_bytes": 4 << 20, "write_bytes": 0, "utilisation": 1.0}, True, honesty.COUNTED),
+])
+def test_torch_load_is_from_the_device_only_when_the_device_counted_it(seen, from_device, truth):
+    result = {**_checkpoint_result(None, None),
+              "torch": {"load_device": seen, "bytes": 4 << 20, "file_bytes": 4 << 20,
+                        "save_s": 1.0, "load_s": 1.0, "round_trip_equal": True}}
+    load = next(m for m in checkpoint.baseline_measurements(result, "t")
+                if m.metric == "torch_load_bw")
+    assert load.context["load_from_device"] is from_device
+    assert load.context["device_truth"].startswith(truth)

@@ -274,6 +274,11 @@ class MemoryBudget:
             self._lru = _LruEviction(store, budget_bytes)
 
     @property
+    def cgroup(self) -> Path | None:
+        """The memory cgroup the gathers run in (cgroup mode), removed on close."""
+        return self._server.cgroup if self._server is not None else None
+
+    @property
     def enforced(self) -> bool:
         """Every step measured stayed within the budget plus its own rows."""
         return self.steps > 0 and self.over == 0
