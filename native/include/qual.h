@@ -215,12 +215,17 @@ struct qual_ckpt_result {
     uint64_t error_offset;
     char error_msg[256];
     uint64_t bytes;
+    uint64_t zero_copy_bytes; /* of which moved straight from (into) the spans' memory */
     uint64_t elapsed_ns;      /* from open to the last byte (write: durable, fdatasync included) */
     uint64_t sync_ns;         /* of which fdatasync */
     double cpu_user_s;        /* whole process, over elapsed_ns */
     double cpu_sys_s;
 };
 
+/* A chunk that lies within one span whose memory there is aligned (span memory and file offset
+ * congruent modulo align, as a trainer's page-aligned buffers are) moves with no copy: written
+ * from the span's memory, read straight into it (its CRC checked there). Other chunks are
+ * staged through the queue's aligned buffers. */
 /* Create the file (it must not exist yet), preallocate it, write every chunk, fdatasync. */
 int qual_ckpt_write(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
                     struct qual_ckpt_result *res);

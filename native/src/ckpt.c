@@ -1,6 +1,7 @@
-/* ckpt.c — checkpoint files: caller-owned tensor bytes packed into aligned staging chunks,
- * every chunk with its CRC32C, written with several chunks in flight and made durable before
- * the clock stops; restore reads the chunks back, checks every CRC and copies the bytes out. */
+/* ckpt.c — checkpoint files: caller-owned tensor bytes in chunks, every chunk with its CRC32C,
+ * written with several chunks in flight and made durable before the clock stops; restore reads
+ * the chunks back and checks every CRC. A chunk inside one aligned span moves straight from
+ * (into) its memory; others are packed into (copied out of) aligned staging buffers. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -124,6 +125,22 @@ static uint64_t chunk_len(const struct ckpt_run *c, uint64_t k)
  * measured faster there, and nothing reaches the spans unchecked.) */
 #define PIECE (256u << 10)
 
+/* The span memory holding all of chunk k, if one span does and it is aligned there; else NULL
+ * (the chunk is staged). */
+static unsigned char *in_place(const struct ckpt_run *c, uint64_t k)
+{
+    const struct qual_ckpt_file *f = c->f;
+    uint64_t lo = k * f->chunk_size, hi = lo + chunk_len(c, k);
+    uint32_t i = first_span(f, lo);
+    if (i >= f->nspans)
+        return NULL;
+    const struct qual_span *s = &f->spans[i];
+    if (s->offset > lo || s->offset + s->nbytes < hi)
+        return NULL;
+    unsigned char *p = (unsigned char *)s->data + (lo - s->offset);
+    return (uintptr_t)p % f->align ? NULL : p;
+}
+
 /* Stage chunk k for writing: fill it and record its CRC. */
 static void stage(struct ckpt_run *c, unsigned char *buf, uint64_t k)
 {
@@ -149,15 +166,18 @@ static int land(struct ckpt_run *c, int op, unsigned char *buf, uint64_t k, int6
     if ((uint64_t)res != len)
         return fail(c, -EIO, op, lo, "short %s: %lld of %llu bytes at offset %llu", what,
                     (long long)res, (unsigned long long)len, (unsigned long long)lo);
+    int direct = buf == in_place(c, k); /* moved in place, no staging buffer */
     if (op == QUAL_OP_READ) {
         uint32_t got = crc32c(0, buf, len);
         if (got != f->crcs[k])
             return fail(c, -EBADMSG, op, lo,
                         "checkpoint bytes %llu..%llu fail their CRC32C (stored %08x, read %08x)",
                         (unsigned long long)lo, (unsigned long long)(lo + len), f->crcs[k], got);
-        move_chunk(f, buf, lo, lo + len, 0);
+        if (!direct)
+            move_chunk(f, buf, lo, lo + len, 0);
     }
     c->res->bytes += len;
+    c->res->zero_copy_bytes += direct ? len : 0;
     __atomic_add_fetch(&c->ctl->bytes_done, len, __ATOMIC_RELAXED);
     __atomic_add_fetch(&c->ctl->ops_done, 1, __ATOMIC_RELAXED);
     return 0;
@@ -170,8 +190,14 @@ static int chunk_next(void *ctx, struct ioq_io *io)
     if (c->next >= c->nchunks)
         return 0;
     uint64_t k = c->next++;
-    if (c->op == QUAL_OP_WRITE)
+    unsigned char *mem = in_place(c, k);
+    if (mem) { /* no copy: the kernel moves the span's own bytes */
+        io->buf = mem;
+        if (c->op == QUAL_OP_WRITE)
+            c->f->crcs[k] = crc32c(0, mem, chunk_len(c, k));
+    } else if (c->op == QUAL_OP_WRITE) {
         stage(c, io->buf, k);
+    }
     io->op = c->op;
     io->off = k * c->f->chunk_size;
     io->len = (uint32_t)chunk_len(c, k);

@@ -7,7 +7,7 @@ from qual.engine._binding import (BACKENDS, MAX_BLOCK_SIZE, MAX_QUEUE_DEPTH, MAX
 from qual.engine.cache import CacheStats, FeatureCache, sample
 from qual.engine.checkpoint import (FileResult, chunk_count, read_checkpoint_file,
                                     write_checkpoint_file)
-from qual.engine.data import (crc32c, crc32c_hardware, dio_alignment, fill_random,
+from qual.engine.data import (aligned_empty, crc32c, crc32c_hardware, dio_alignment, fill_random,
                               io_uring_status, page_residency, pattern_check,
                               pattern_fill)
 from qual.engine.histogram import PERCENTILES, LatencyHistogram, bucket_index, bucket_value
@@ -21,7 +21,7 @@ from qual.errors import (BackendUnavailable, Cancelled, DataMismatch, DeviceIoEr
 __all__ = [
     "BACKENDS", "BLOCK_KINDS", "MAX_BLOCK_SIZE", "MAX_QUEUE_DEPTH", "MAX_WORKERS", "OPS",
     "PATTERNS", "PATTERN_UNIT", "PERCENTILES", "STOP_WAIT", "UNBOUNDED", "BackendUnavailable",
-    "BadBlock", "CacheStats", "Cancelled", "DataMismatch", "DeviceIoError", "EngineStuck",
+    "BadBlock", "CacheStats", "aligned_empty", "Cancelled", "DataMismatch", "DeviceIoError", "EngineStuck",
     "Fault", "FeatureCache", "FileResult", "InvalidJob", "IoJob", "IoResult", "LatencyHistogram",
     "NoSpace", "Progress", "QualError", "SampleReader", "Stalled", "TargetUnavailable",
     "VerifyResult", "bucket_index", "bucket_value", "chunk_count", "crc32c", "crc32c_hardware",

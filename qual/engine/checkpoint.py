@@ -16,6 +16,7 @@ class FileResult:
     path: str
     backend: str
     bytes: int
+    zero_copy_bytes: int  # of which moved straight from (into) the tensors' memory
     elapsed: float
     sync: float
     cpu_user: float
@@ -57,6 +58,7 @@ def chunk_count(file_size: int, chunk_size: int) -> int:
 
 def _file_result(res, path: str) -> FileResult:
     return FileResult(path=path, backend=BACKEND_NAME[res.backend], bytes=int(res.bytes),
+                      zero_copy_bytes=int(res.zero_copy_bytes),
                       elapsed=res.elapsed_ns / 1e9, sync=res.sync_ns / 1e9,
                       cpu_user=res.cpu_user_s, cpu_sys=res.cpu_sys_s)
 

@@ -43,6 +43,14 @@ def dio_alignment(path: str) -> tuple[int, int] | None:
     return int(mem[0]), int(off[0])
 
 
+def aligned_empty(nbytes: int, align: int = 4096) -> np.ndarray:
+    """nbytes of uninitialised memory starting on an `align` boundary, as a trainer's pinned
+    buffers do: checkpoint chunks inside it move with no staging copy."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes]
+
+
 def page_residency(path: str) -> np.ndarray:
     """Which of a file's pages (the system's page size) the page cache holds now, as bools."""
     pages = -(-os.stat(path).st_size // mmap.PAGESIZE)

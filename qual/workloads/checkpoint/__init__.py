@@ -364,12 +364,14 @@ class CheckpointOutcome(ResultOutcome):
         doc = {"bytes": size, "ranks": self["world"], "plan": self["plan"],
                "backend": cps[0]["backend"] if cps else None, "write_s": seconds,
                "write_bw_bytes": size * len(seconds) / sum(seconds) if seconds else 0.0,
+               "zero_copy_bytes": [c["zero_copy_bytes"] for c in cps],
                "store": self["store"], "kept": self["kept"]}
         r = self["restore"]
         if r:
             doc.update(restore_s=r["seconds"], restore_bw_bytes=r["bytes"] / r["seconds"]
                        if r["bytes"] else 0.0, verified=r["intact"], restore_errors=r["errors"],
-                       crc_checked_bytes=r["bytes"], byte_compared_bytes=r["verified_bytes"])
+                       crc_checked_bytes=r["bytes"], byte_compared_bytes=r["verified_bytes"],
+                       restore_zero_copy_bytes=r["zero_copy_bytes"])
         t = self["torch"]
         if t:
             doc.update(torch_save_bw_bytes=t["bytes"] / t["save_s"],

@@ -29,6 +29,7 @@ from qual.workloads.checkpoint.plan import Layout, RankPlan, build_plan
 from qual.workloads.checkpoint.store import CheckpointStore, IncompleteCheckpoint, rank_file
 
 TENSOR_ALIGN = 64  # every tensor starts on a 64-byte boundary in its file
+PAGE = 4096  # the pool is page-aligned; a tensor congruent with its file offset copies nothing
 
 
 def file_layout(rank: RankPlan, align: int) -> tuple[list[int], int]:
@@ -47,7 +48,14 @@ def pool_positions(rank: RankPlan, offsets: list[int], pool_bytes: int) -> list[
     positions = []
     for t, off in zip(rank.tensors, offsets):
         room = pool_bytes - t.nbytes + 1
-        positions.append(off if off + t.nbytes <= pool_bytes else off % room)
+        if off + t.nbytes <= pool_bytes:
+            positions.append(off)
+            continue
+        # congruent with the file offset modulo the page, so that its chunks move with no
+        # copy from (the page-aligned) pool, when the room allows
+        pos = off % room // PAGE * PAGE + off % PAGE
+        pos = pos if pos < room else pos - PAGE
+        positions.append(pos if pos >= 0 else off % room)
     return positions
 
 
@@ -69,7 +77,7 @@ class Rank:
         largest = max((t.nbytes for t in self.me.tensors), default=0)
         self.pool_bytes = max(min(self.image, job["pool"]), largest, 1)
         self.positions = pool_positions(self.me, self.offsets, self.pool_bytes)
-        self.src = np.empty(self.pool_bytes, dtype=np.uint8)
+        self.src = engine.aligned_empty(self.pool_bytes)
         engine.fill_random(self.src, job["seed"] * 1_000_003 + rank)
         self.spans = [(off, self.src[pos:pos + t.nbytes])
                       for t, off, pos in zip(self.me.tensors, self.offsets, self.positions)]
@@ -125,12 +133,13 @@ class Rank:
                   "nbytes": t.nbytes} for t, off in zip(self.me.tensors, self.offsets)]
         info = {"rank": self.rank, "file": rank_file(self.rank), "file_size": self.file_size,
                 "crcs": crcs, "tensors": table, "seconds": seconds, "bytes": self.me.nbytes,
-                "backend": res.backend, "sync_s": res.sync, "cpu_s": res.cpu_user + res.cpu_sys}
+                "backend": res.backend, "sync_s": res.sync, "cpu_s": res.cpu_user + res.cpu_sys,
+                "zero_copy_bytes": res.zero_copy_bytes}
         everyone = self.gather(info)
         if self.rank != 0:
             return None
-        timing = [{k: r.pop(k) for k in ("seconds", "bytes", "backend", "sync_s", "cpu_s")}
-                  for r in everyone]
+        timing = [{k: r.pop(k) for k in ("seconds", "bytes", "backend", "sync_s", "cpu_s",
+                                          "zero_copy_bytes")} for r in everyone]
         self.store.commit(partial, {"name": name, "plan": self.plan.summary(),
                                     "chunk_size": self.job["chunk_size"],
                                     "align": self.job["align"], "ranks": everyone})
@@ -140,6 +149,7 @@ class Rank:
                 "rank_seconds": [t["seconds"] for t in timing],
                 "rank_bytes": [t["bytes"] for t in timing],
                 "backend": timing[0]["backend"], "sync_s": max(t["sync_s"] for t in timing),
+                "zero_copy_bytes": sum(t["zero_copy_bytes"] for t in timing),
                 "device": honesty.between(before, after)}
 
     def restore(self) -> dict | None:
@@ -157,10 +167,10 @@ class Rank:
         found = self.broadcast(found)
         # the tensors restored into exist before the restore (a model in memory): their pages
         # are touched here, not inside the timed read
-        dst = np.empty(self.pool_bytes, dtype=np.uint8)
+        dst = engine.aligned_empty(self.pool_bytes)
         dst.fill(0)
-        outcome = {"rank": self.rank, "seconds": 0.0, "bytes": 0, "intact": False,
-                   "error": found.get("error")}
+        outcome = {"rank": self.rank, "seconds": 0.0, "bytes": 0, "zero_copy_bytes": 0,
+                   "intact": False, "error": found.get("error")}
         spans = [(off, dst[pos:pos + t.nbytes])
                  for t, off, pos in zip(self.me.tensors, self.offsets, self.positions)]
         mine = path = None
@@ -177,9 +187,10 @@ class Rank:
         t0 = time.monotonic()
         if path is not None:
             try:
-                engine.read_checkpoint_file(str(path), spans, mine["file_size"], mine["crcs"],
-                                            **self.io())
+                read = engine.read_checkpoint_file(str(path), spans, mine["file_size"],
+                                                   mine["crcs"], **self.io())
                 outcome["bytes"] = self.me.nbytes
+                outcome["zero_copy_bytes"] = read.zero_copy_bytes
             except DataMismatch as e:
                 outcome["error"] = str(e)
         outcome["seconds"] = time.monotonic() - t0  # the restore: reads and CRC checks
@@ -195,6 +206,7 @@ class Rank:
         after = self.device()
         return {"path": found.get("path"), "seconds": max(r["seconds"] for r in everyone),
                 "bytes": sum(r["bytes"] for r in everyone),
+                "zero_copy_bytes": sum(r["zero_copy_bytes"] for r in everyone),
                 "intact": all(r["intact"] for r in everyone),
                 "errors": [f"rank {r['rank']}: {r['error']}" for r in everyone if r["error"]],
                 "verified_bytes": sum(min(self.pool_bytes, r["bytes"]) for r in everyone),

@@ -1,0 +1,72 @@
+"""Pairing qual with its peer round by round: each side's bytes, seconds and CPU seconds, the
+device's own count of the bytes, and the summary a benchmark stores in extra_info."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+from qual import honesty
+from qual.target import Target
+
+GIB = 1 << 30
+
+
+class Pairing:
+    def __init__(self, target: Target):
+        self.target = target
+        self.rounds: dict[str, list[dict]] = {"qual": [], "fio": []}
+
+    def run(self, side: str, fn) -> None:
+        """One round of `side`: fn() -> (bytes, seconds, cpu seconds)."""
+        before = self.target.device_stat()
+        moved, seconds, cpu = fn()
+        seen = honesty.between(before, self.target.device_stat())
+        self.rounds.setdefault(side, []).append({
+            "bytes": moved, "seconds": seconds, "cpu_s": cpu,
+            "device_share": None if seen is None else
+            max(seen["read_bytes"], seen["write_bytes"]) / moved if moved else None})
+
+    def timed(self, side: str, fn):
+        """fn as pytest-benchmark's timed callable, recorded as one round of `side`."""
+        return lambda: self.run(side, fn)
+
+    def summary(self) -> dict:
+        """Medians per side, and the median of the paired ratios qual / peer."""
+        out = {}
+        for side, rounds in self.rounds.items():
+            if not rounds:
+                continue
+            out[f"{side}_bw_bytes"] = statistics.median(r["bytes"] / r["seconds"] for r in rounds)
+            out[f"{side}_cpu_s_per_gib"] = statistics.median(r["cpu_s"] / r["bytes"] * GIB
+                                                             for r in rounds)
+            shares = [r["device_share"] for r in rounds if r["device_share"] is not None]
+            out[f"{side}_device_share_min"] = min(shares) if shares else None
+        pairs = list(zip(self.rounds["qual"], self.rounds["fio"]))
+        if pairs:
+            out["bw_ratio"] = statistics.median(
+                (q["bytes"] / q["seconds"]) / (f["bytes"] / f["seconds"]) for q, f in pairs)
+            out["cpu_per_gib_ratio"] = statistics.median(
+                (q["cpu_s"] / q["bytes"]) / (f["cpu_s"] / f["bytes"]) for q, f in pairs)
+            out["rounds"] = len(pairs)
+        return out
+
+
+def fio(path: Path, rw: str, bs: int, depth: int, *, size: int, runtime: float | None = None):
+    """fio with io_uring and O_DIRECT: (bytes, seconds, CPU seconds). A write lays down a fresh,
+    preallocated file and syncs it at the end (end_fsync, inside fio's time)."""
+    cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
+           f"--iodepth={depth}", f"--size={size}", "--direct=1", "--ioengine=io_uring",
+           "--randrepeat=0", "--output-format=json"]
+    if runtime:
+        cmd += [f"--runtime={runtime}", "--time_based=1"]
+    if "write" in rw:
+        cmd += ["--fallocate=native", "--end_fsync=1"]
+    job = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    job = job["jobs"][0]
+    side = job["write" if "write" in rw else "read"]
+    seconds = side["io_bytes"] / side["bw_bytes"] if side["bw_bytes"] else job["job_runtime"] / 1e3
+    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1e3
+    return side["io_bytes"], seconds, cpu

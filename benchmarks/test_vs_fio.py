@@ -1,0 +1,99 @@
+"""qual's engine against fio on the same target, as pytest-benchmark tests.
+
+Each test times qual's operation (pytest-benchmark's statistics, so --benchmark-autosave and
+--benchmark-compare-fail gate qual's own speed across commits) and runs fio's equivalent in the
+round's set-up, so that every qual round sits between two of fio's. extra_info holds the
+median ratio qual / fio, CPU seconds per GiB of each, and the share of each tool's bytes the
+block device counted (proof that neither was served by a cache).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qual import engine
+from qual.target import Target
+
+from pairing import Pairing, fio
+
+
+def _io(target: Target, rw: str, bs: int, depth: int, size: int, runtime: float):
+    op, pattern = {"read": ("read", "sequential"), "randread": ("read", "random")}[rw]
+    job = target.prepare(target.job(op=op, pattern=pattern, block_size=bs, queue_depth=depth,
+                                    size=size, runtime=runtime))
+
+    def run():
+        r = engine.run_job(job)
+        return r.bytes, r.elapsed, r.cpu
+    return run
+
+
+@pytest.mark.parametrize("rw, bs, depth", [("randread", 4096, 64), ("read", 1 << 20, 32)])
+def test_io(benchmark, bench_folder, bench_size, bench_rounds, rw, bs, depth):
+    """`qual io`'s engine against fio (io_uring, O_DIRECT) on the same pre-written file."""
+    target = Target(bench_folder)
+    target.ensure_data(bench_size)
+    runtime = 2.0 if bench_rounds > 1 else 0.2
+    pair = Pairing(target)
+    qual_round = pair.timed("qual", _io(target, rw, bs, depth, bench_size, runtime))
+    benchmark.pedantic(qual_round, rounds=bench_rounds, iterations=1, setup=lambda: pair.run(
+        "fio", lambda: fio(target.path, rw, bs, depth, size=bench_size, runtime=runtime)))
+    benchmark.extra_info.update(pair.summary())
+    target.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tensors(bench_size):
+    """A checkpoint's bytes: incompressible, in one page-aligned buffer (as a trainer's pinned
+    state is), so that qual writes and restores them with no staging copy."""
+    out = engine.aligned_empty(bench_size)
+    engine.fill_random(out, 7)
+    return out
+
+
+def test_checkpoint_write(benchmark, bench_folder, bench_size, bench_rounds, tensors):
+    """A checkpoint file (8 MiB chunks, CRC32C each, fdatasync inside the clock) against fio's
+    1M writes of a fresh, preallocated file of the same size with end_fsync."""
+    path, peer = bench_folder / "qual-ckpt.bin", bench_folder / "fio-ckpt.bin"
+    pair = Pairing(Target(bench_folder))
+
+    def write():
+        _, r = engine.write_checkpoint_file(str(path), [(0, tensors)], len(tensors))
+        assert r.zero_copy_bytes == r.bytes
+        return r.bytes, r.elapsed, r.cpu_user + r.cpu_sys
+
+    def between():
+        path.unlink(missing_ok=True)
+        peer.unlink(missing_ok=True)
+        pair.run("fio", lambda: fio(peer, "write", 1 << 20, 32, size=len(tensors)))
+        peer.unlink()
+
+    benchmark.pedantic(pair.timed("qual", write), setup=between, rounds=bench_rounds,
+                       iterations=1)
+    benchmark.extra_info.update(pair.summary())
+    path.unlink(missing_ok=True)
+
+
+def test_checkpoint_restore(benchmark, bench_folder, bench_size, bench_rounds, tensors):
+    """Reading a checkpoint file back (CRC32C of every chunk checked, bytes copied into the
+    destination) against fio's 1M O_DIRECT reads of a file of the same size."""
+    path, peer = bench_folder / "qual-ckpt.bin", bench_folder / "fio-ckpt.bin"
+    path.unlink(missing_ok=True)
+    crcs, _ = engine.write_checkpoint_file(str(path), [(0, tensors)], len(tensors))
+    fio(peer, "write", 1 << 20, 32, size=len(tensors))
+    into = engine.aligned_empty(len(tensors))
+    into.fill(0)
+    pair = Pairing(Target(bench_folder))
+
+    def restore():
+        r = engine.read_checkpoint_file(str(path), [(0, into)], len(tensors), crcs)
+        return r.bytes, r.elapsed, r.cpu_user + r.cpu_sys
+
+    benchmark.pedantic(pair.timed("qual", restore), rounds=bench_rounds, iterations=1,
+                       setup=lambda: pair.run("fio", lambda: fio(peer, "read", 1 << 20, 32,
+                                                                 size=len(tensors))))
+    assert np.array_equal(into, tensors)
+    benchmark.extra_info.update(pair.summary())
+    path.unlink()
+    peer.unlink()
