@@ -61,7 +61,8 @@ def fio_round(paths: list[str], jobs: int, bs: int, depth: int) -> dict:
     finally:
         Path(f.name).unlink()
     done = sum(job["read"]["io_bytes"] for job in doc["jobs"])
-    wall = max(job["job_runtime"] for job in doc["jobs"]) / 1000
+    # fio counts whole milliseconds: a smoke run's tiny files can take less than one
+    wall = max(1, max(job["job_runtime"] for job in doc["jobs"])) / 1000
     cpu = sum((job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1000
               for job in doc["jobs"])
     return {"bw": done / wall, "bytes": done, "cpu_per_gib": cpu / (done / GIB)}

@@ -48,8 +48,9 @@ class Pairing:
         if pairs:
             out["bw_ratio"] = statistics.median(
                 (q["bytes"] / q["seconds"]) / (f["bytes"] / f["seconds"]) for q, f in pairs)
-            out["cpu_per_gib_ratio"] = statistics.median(
-                (q["cpu_s"] / q["bytes"]) / (f["cpu_s"] / f["bytes"]) for q, f in pairs)
+            cpu = [(q["cpu_s"] / q["bytes"]) / (f["cpu_s"] / f["bytes"]) for q, f in pairs
+                   if f["cpu_s"] > 0]  # a run too short for fio to count its CPU has none
+            out["cpu_per_gib_ratio"] = statistics.median(cpu) if cpu else None
             out["rounds"] = len(pairs)
         return out
 

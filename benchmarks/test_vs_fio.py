@@ -97,3 +97,39 @@ def test_checkpoint_restore(benchmark, bench_folder, bench_size, bench_rounds, t
     benchmark.extra_info.update(pair.summary())
     path.unlink()
     peer.unlink()
+
+
+def test_training_reader(benchmark, bench_folder, bench_size, bench_rounds):
+    """The simulated accelerators at zero compute (2 accelerators x 4 read threads, 1 MiB reads,
+    depth 8 each) against fio reading the same files with the same shape: one job per read
+    thread, its share of the files one after another, the same block size and total depth."""
+    from bench_training import GIB, fio_round, qual_round
+    from qual.thresholds import family_table
+    from qual.workloads import training
+    from qual.workloads.training import dataset
+
+    target, accelerators, threads, depth = Target(bench_folder), 2, 4, 8
+    files = 64 if bench_size >= 1 << 30 else 32  # a smoke run: 32, two steps each
+    record = training.configs.WORKLOADS["unet3d-h100"].record_length
+    bs = 1 << 20 if bench_size // files >= 4 << 20 else 64 << 10  # several blocks a file
+    table = family_table(training.FAMILY, {
+        "workload": "unet3d-h100", "files": files, "record_scale": bench_size / files / record,
+        "computation_time": 0, "read_threads": threads, "accelerators": [accelerators],
+        "epochs": [1], "block_size": bs, "queue_depth": depth, "calibrate": False})
+    data = dataset.prepare(target, training.workload_of(table), seed=table["data_seed"])
+    plan = training.plan_of(data.workload, table, accelerators)
+    read = -(-plan.steps * plan.batch // plan.samples_per_file) * accelerators  # one epoch's
+    paths = [data.path(i) for i in range(read)]
+    pair = Pairing(target)
+
+    def side(r: dict):
+        return r["bytes"], r["bytes"] / r["bw"], r["cpu_per_gib"] * r["bytes"] / GIB
+
+    try:
+        benchmark.pedantic(
+            pair.timed("qual", lambda: side(qual_round(target, table, seed=1))),
+            rounds=bench_rounds, iterations=1, setup=lambda: pair.run(
+                "fio", lambda: side(fio_round(paths, accelerators * threads, bs, depth))))
+        benchmark.extra_info.update(pair.summary())
+    finally:
+        training.remove(target)
