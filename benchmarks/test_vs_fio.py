@@ -133,3 +133,45 @@ def test_training_reader(benchmark, bench_folder, bench_size, bench_rounds):
         benchmark.extra_info.update(pair.summary())
     finally:
         training.remove(target)
+
+
+def _cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def test_gids_gather(benchmark, bench_folder, bench_size, bench_rounds):
+    """GIDS's page cache gathering 4 KiB rows at random (nearly every one a miss: a cache of 16,384
+    pages over the whole store, no coalescing, depth 64) against fio's 4K random reads at
+    depth 64 of the same file."""
+    path = bench_folder / "qual-store.bin"
+    rows = bench_size // 4096
+    with open(path, "wb") as f:
+        block = engine.aligned_empty(1 << 20)
+        engine.fill_random(block, 3)
+        for _ in range(bench_size >> 20):
+            f.write(block)
+    cache = engine.FeatureCache(str(path), rows=rows, row_bytes=4096, row_stride=4096,
+                                capacity_pages=16384, queue_depth=64, max_coalesce=1)
+    want = np.random.default_rng(5).integers(0, rows, min(rows, 1 << 18))
+    out = np.empty((len(want), 1024), np.float32)
+    pair = Pairing(Target(bench_folder))
+
+    def gather():
+        cache.stats(reset=True)
+        cpu = _cpu_s()
+        cache.gather(want, out)
+        st = cache.stats()
+        return st.read_bytes, st.io_s, _cpu_s() - cpu
+
+    runtime = 2.0 if bench_rounds > 1 else 0.2
+    try:
+        benchmark.pedantic(pair.timed("qual", gather), rounds=bench_rounds, iterations=1,
+                           setup=lambda: pair.run("fio", lambda: fio(
+                               path, "randread", 4096, 64, size=bench_size, runtime=runtime)))
+        benchmark.extra_info.update(pair.summary())
+    finally:
+        cache.close()
+        path.unlink()
