@@ -52,6 +52,15 @@ class Pairing:
                    if f["cpu_s"] > 0]  # a run too short for fio to count its CPU has none
             out["cpu_per_gib_ratio"] = statistics.median(cpu) if cpu else None
             out["rounds"] = len(pairs)
+        bw = lambda r: r["bytes"] / r["seconds"]  # noqa: E731
+        for other, rounds in self.rounds.items():  # a third tool: both measured against it
+            if other in ("qual", "fio") or not rounds:
+                continue
+            for side in ("qual", "fio"):
+                mine = list(zip(self.rounds[side], rounds))
+                if mine:
+                    out[f"{side}_bw_ratio_vs_{other}"] = statistics.median(
+                        bw(a) / bw(b) for a, b in mine)
         return out
 
 
