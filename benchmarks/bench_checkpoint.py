@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
+from pairing import fio
 from peer import bench_folder
 from qual.target import Target
 from qual.thresholds import family_table
@@ -45,16 +45,14 @@ def native(target: Target, size: int, seed: int) -> dict:
             "restore_device_share": restored}
 
 
-def fio(folder: Path, size: int) -> dict:
+def fio_pair(folder: Path, size: int) -> dict:
+    """fio's 1M write of a fresh, preallocated file (end_fsync) and its O_DIRECT read back."""
     path = folder / "fio-bench.bin"
     path.unlink(missing_ok=True)
-    common = [f"--filename={path}", "--bs=1M", "--iodepth=32", f"--size={size}", "--direct=1",
-              "--ioengine=io_uring", "--output-format=json", "--name=bench"]
     out = {}
-    for rw, extra in (("write", ["--fallocate=native", "--end_fsync=1"]), ("read", [])):
-        doc = json.loads(subprocess.run(["fio", f"--rw={rw}", *common, *extra], check=True,
-                                        capture_output=True, text=True).stdout)
-        out[f"fio_{rw}_bw"] = doc["jobs"][0][rw]["bw_bytes"]
+    for rw in ("write", "read"):
+        moved, seconds, _ = fio(path, rw, 1 << 20, 32, size=size)
+        out[f"fio_{rw}_bw"] = moved / seconds
     path.unlink()
     return out
 
@@ -75,9 +73,9 @@ def main() -> int:
     try:
         for i in range(args.rounds):
             if i % 2:
-                row = {**fio(folder, size), **native(target, size, i + 1)}
+                row = {**fio_pair(folder, size), **native(target, size, i + 1)}
             else:
-                row = {**native(target, size, i + 1), **fio(folder, size)}
+                row = {**native(target, size, i + 1), **fio_pair(folder, size)}
             rounds.append(row)
             print(f"round {i + 1}: " + ", ".join(f"{k} {v / 2**20:.0f} MiB/s" for k, v in row.items()
                                                  if k.endswith("_bw")), file=sys.stderr)

@@ -16,31 +16,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from pairing import GIB, cpu_s
 from peer import bench_folder
 from qual.target import Target
 from qual.thresholds import family_table
 from qual.workloads import training
 from qual.workloads.training import dataset
 
-GIB = 1 << 30
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def qual_round(target: Target, table: dict, seed: int) -> dict:
-    cpu = _cpu_s()
+    cpu = cpu_s()
     result = training.run(target, table, seed=seed)
-    cpu = _cpu_s() - cpu
+    cpu = cpu_s() - cpu
     (r,) = result["runs"]
     return {"bw": r["bw_bytes"], "bytes": r["bytes"], "backend": r["backend"],
             "cpu_per_gib": cpu / (r["bytes"] / GIB),

@@ -4,6 +4,7 @@ device's own count of the bytes, and the summary a benchmark stores in extra_inf
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import subprocess
 from pathlib import Path
@@ -12,6 +13,12 @@ from qual import honesty
 from qual.target import Target
 
 GIB = 1 << 30
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 class Pairing:

@@ -17,7 +17,7 @@ import pytest
 from qual import engine
 from qual.target import Target
 
-from pairing import Pairing, fio
+from pairing import Pairing, cpu_s, fio
 
 
 def _io(target: Target, rw: str, bs: int, depth: int, size: int, runtime: float):
@@ -105,7 +105,8 @@ def test_training_reader(benchmark, bench_folder, bench_size, bench_rounds):
     """The simulated accelerators at zero compute (2 accelerators x 4 read threads, 1 MiB reads,
     depth 8 each) against fio reading the same files with the same shape: one job per read
     thread, its share of the files one after another, the same block size and total depth."""
-    from bench_training import GIB, fio_round, qual_round
+    from bench_training import fio_round, qual_round
+    from pairing import GIB
     from qual.thresholds import family_table
     from qual.workloads import training
     from qual.workloads.training import dataset
@@ -137,13 +138,6 @@ def test_training_reader(benchmark, bench_folder, bench_size, bench_rounds):
         training.remove(target)
 
 
-def _cpu_s() -> float:
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def test_gids_gather(benchmark, bench_folder, bench_size, bench_rounds):
     """GIDS's page cache gathering 4 KiB rows at random (nearly every one a miss: a cache of 16,384
     pages over the whole store, no coalescing, depth 64) against fio's 4K random reads at
@@ -163,10 +157,10 @@ def test_gids_gather(benchmark, bench_folder, bench_size, bench_rounds):
 
     def gather():
         cache.stats(reset=True)
-        cpu = _cpu_s()
+        cpu = cpu_s()
         cache.gather(want, out)
         st = cache.stats()
-        return st.read_bytes, st.io_s, _cpu_s() - cpu
+        return st.read_bytes, st.io_s, cpu_s() - cpu
 
     runtime = 2.0 if bench_rounds > 1 else 0.2
     try:
@@ -197,12 +191,12 @@ def test_checkpoint_write_vs_torch_save(benchmark, bench_folder, bench_size, ben
         return r.bytes, r.elapsed, r.cpu_user + r.cpu_sys
 
     def torch_save():
-        cpu, t0 = _cpu_s(), time.perf_counter()
+        cpu, t0 = cpu_s(), time.perf_counter()
         with open(saved, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        return len(tensors), time.perf_counter() - t0, _cpu_s() - cpu
+        return len(tensors), time.perf_counter() - t0, cpu_s() - cpu
 
     def between():
         for p in (path, peer, saved):
