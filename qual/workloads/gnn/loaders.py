@@ -114,14 +114,10 @@ class GidsLoader(_Batches):
             self._cpu_buffer = buf
             self.cpu_rows = len(cpu_rows)
 
-    @property
-    def memory_bytes(self) -> int:
-        """Host memory holding features: the software cache and the CPU buffer."""
-        return self.cache_pages * self.store.page_size + self.cpu_rows * self.store.row_bytes
-
     def setup(self) -> dict:
+        memory = self.cache_pages * self.store.page_size + self.cpu_rows * self.store.row_bytes
         return {"page_cache": self.page_cache, "cache_pages": self.cache_pages,
-                "cpu_buffer_rows": self.cpu_rows, "memory_bytes": self.memory_bytes,
+                "cpu_buffer_rows": self.cpu_rows, "memory_bytes": memory,  # cache + CPU buffer
                 "window": self.window, "accumulator_threshold": self.threshold,
                 "gathers": self.gathers, "merged_batches": self.merged}
 
@@ -215,10 +211,6 @@ class MmapLoader(_Batches):
         super().__init__(store, graph, labels, **kw)
         self.budget = budget
 
-    @property
-    def memory_bytes(self) -> int:
-        return self.budget.budget
-
     def setup(self) -> dict:
         return self.budget.as_dict()
 
@@ -266,6 +258,7 @@ class MemoryBudget:
                        "step")
         self.steps = self.over = self.max_resident = 0
         self._server = self._lru = None
+        self._pages = None  # residency after the last step
         if prefer_cgroup:
             why = self._start_server()
             if why:
@@ -284,19 +277,18 @@ class MemoryBudget:
         return self.steps > 0 and self.over == 0
 
     def as_dict(self) -> dict:
-        return {"mode": self.mode, "memory_bytes": self.budget, "detail": self.detail, "steps_measured": self.steps,
-                "max_resident_bytes": self.max_resident, "steps_over_budget": self.over}
-
-    def resident_bytes(self) -> int:
-        """The store's bytes in the page cache now, whoever brought them in."""
-        return int(engine.page_residency(str(self.store.path)).sum()) * mmap.PAGESIZE
+        return {"mode": self.mode, "memory_bytes": self.budget, "detail": self.detail,
+                "steps_measured": self.steps, "max_resident_bytes": self.max_resident,
+                "steps_over_budget": self.over}
 
     def before_step(self) -> None:
-        if self._lru is not None:
-            self._lru.evict()
+        if self._lru is not None:  # from what the last step left resident (measured then)
+            self._lru.evict(self._pages)
 
     def after_step(self, rows: np.ndarray) -> None:
-        resident = self.resident_bytes()
+        # the store's pages in the page cache now, whoever brought them in
+        self._pages = engine.page_residency(str(self.store.path))
+        resident = int(self._pages.sum()) * mmap.PAGESIZE
         self.steps += 1
         self.max_resident = max(self.max_resident, resident)
         if resident > self.budget + len(np.unique(rows)) * self.store.row_stride:
@@ -355,9 +347,12 @@ class _LruEviction:
         raw = np.frombuffer(self.map, dtype=np.uint8).reshape(self.store.rows, self.store.row_stride)
         return raw[rows, :self.store.row_bytes].view(np.float32)
 
-    def evict(self) -> None:
+    def evict(self, resident: np.ndarray | None) -> None:
+        """Evict down to the budget, from the store's page residency (measured now if None)."""
         stride = self.store.row_stride
-        pages = engine.page_residency(str(self.store.path))[:self.store.rows * stride // mmap.PAGESIZE]
+        if resident is None:
+            resident = engine.page_residency(str(self.store.path))
+        pages = resident[:self.store.rows * stride // mmap.PAGESIZE]
         held = np.flatnonzero(pages.reshape(self.store.rows, -1).any(axis=1))
         excess = len(held) - self.keep
         if excess <= 0:
