@@ -214,6 +214,51 @@ def test_cache_counters_add_up(data):
     cache.close()
 
 
+def small_store(tmp_path, rows: int = 64):
+    """A store of random 4 KiB rows, and its bytes."""
+    path = tmp_path / "features.bin"
+    rows_bytes = np.random.default_rng(0).integers(0, 256, (rows, 4096), dtype=np.uint8)
+    path.write_bytes(rows_bytes.tobytes())
+    return path, rows_bytes
+
+
+def test_a_gather_far_bigger_than_the_cache_streams_every_row_through_it(tmp_path):
+    """3,000 rows (repeats included) through a cache of 16 pages: reads stream while rows are
+    copied out and let go of, so the cache never has to hold the gather."""
+    path, rows_bytes = small_store(tmp_path)
+    cache = FeatureCache(str(path), rows=64, row_bytes=4096, row_stride=4096, capacity_pages=16,
+                         queue_depth=8, max_coalesce=4, direct=False)
+    want = np.random.default_rng(1).integers(0, 64, 3000)
+    out = np.empty((len(want), 4096), np.uint8)
+    try:
+        cache.gather(want, out)
+        assert np.array_equal(out, rows_bytes[want])
+        st = cache.stats()
+        assert st.accesses == len(want) == st.hits + st.misses and st.misses > 64
+        assert st.reads <= st.misses and st.read_bytes == st.misses * 4096
+        cache.drop()  # refuses while a gather still holds a slot
+    finally:
+        cache.close()
+
+
+def test_a_failed_gather_holds_nothing_and_serves_no_page_it_did_not_read(tmp_path):
+    path, rows_bytes = small_store(tmp_path)
+    cache = FeatureCache(str(path), rows=64, row_bytes=4096, row_stride=4096, capacity_pages=16,
+                         queue_depth=4, max_coalesce=2, direct=False)
+    want = np.random.default_rng(2).integers(0, 64, 300)
+    out = np.empty((len(want), 4096), np.uint8)
+    try:
+        os.truncate(path, 32 * 4096)  # the store loses its second half under the cache
+        with pytest.raises(Exception, match="short read"):
+            cache.gather(want, out)
+        path.write_bytes(rows_bytes.tobytes())
+        cache.gather(want, out)  # pages the failure left unread are read now, not served
+        assert np.array_equal(out, rows_bytes[want])
+        cache.drop()  # and nothing stayed held
+    finally:
+        cache.close()
+
+
 def test_no_page_stays_pinned_after_the_window_drains(data):
     gids, mmap = loaders(data)
     mmap.close()

@@ -282,7 +282,7 @@ struct qual_fcache_stats {
     uint64_t pinned_evictions; /* of which pages still wanted by the window (cache too small) */
     uint64_t writes;          /* always 0: the cache never writes the store */
     uint64_t pinned_pages;    /* pages with window pins now */
-    uint64_t io_ns;           /* time with reads outstanding */
+    uint64_t io_ns;           /* time gathers spent reading and copying (they overlap) */
 };
 
 int qual_fcache_open(const struct qual_fcache_opts *o, struct qual_fcache **out);
@@ -294,8 +294,9 @@ int qual_fcache_set_cpu_buffer(struct qual_fcache *c, const int64_t *rows, uint6
  * batch is used. */
 int qual_fcache_window(struct qual_fcache *c, const int64_t *rows, uint64_t n, int delta);
 /* Copy rows (n of them, any order, repeats allowed) into dst (n * row_bytes, caller-owned),
- * reading what is not cached: deduplicated, sorted, adjacent pages coalesced, queue_depth in
- * flight. */
+ * reading what is not cached: each page once, queue_depth in flight, windows of missing pages
+ * sorted and adjacent ones coalesced, rows copied out as their pages land. The cache's ring is
+ * made for the thread that gathers (remade if another thread gathers next). */
 int qual_fcache_gather(struct qual_fcache *c, const int64_t *rows, uint64_t n, void *dst,
                        struct qual_ctl *ctl);
 int qual_fcache_stats(struct qual_fcache *c, struct qual_fcache_stats *out, int reset);

@@ -27,6 +27,9 @@ int qual_fcache_close(struct qual_fcache *c)
     free(c->slot_page);
     free(c->refs);
     free(c->recent);
+    free(c->loading);
+    free(c->iov);
+    free(c->gather_slots);
     free(c);
     return 0;
 }
@@ -49,6 +52,34 @@ static int validate(const struct qual_fcache_opts *o)
     if (o->max_coalesce == 0 || o->max_coalesce > 1024) /* readv takes 1024 vectors at most */
         return qual_set_error(-EINVAL, "coalescing %u pages is outside 1..1024", o->max_coalesce);
     return 0;
+}
+
+int fcache_queue(struct qual_fcache *c)
+{
+    pid_t me = gettid();
+    if (c->q && c->q_owner == me)
+        return 0;
+    if (c->q && ioq_wedged(c->q))
+        return qual_set_error(-EIO, "an earlier read of %s never came back: the cache cannot "
+                              "read again", c->path);
+    ioq_close(c->q);
+    c->q = NULL;
+    struct ioq_opts qo = {
+        .backend = c->backend,
+        .fd = c->fd,
+        .depth = c->backend == QUAL_BACKEND_IO_URING ? c->o.queue_depth : 1,
+        .buf_len = 0, /* reads land in the cache's slots */
+        .client_mem = c->mem,
+        .client_mem_len = c->o.capacity * c->o.page_size,
+        .submit_batch = 0,
+        .deadline_ns = QUAL_UNBOUNDED,
+        .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
+        .single_issuer = 1,
+    };
+    int rc = ioq_open(&c->q, &qo);
+    if (!rc)
+        c->q_owner = me;
+    return rc;
 }
 
 int qual_fcache_open(const struct qual_fcache_opts *o, struct qual_fcache **out)
@@ -85,11 +116,14 @@ int qual_fcache_open(const struct qual_fcache_opts *o, struct qual_fcache **out)
     c->slot_page = malloc(o->capacity * sizeof(*c->slot_page));
     c->refs = calloc(o->capacity, sizeof(*c->refs));
     c->recent = calloc(o->capacity, 1);
+    c->loading = calloc(o->capacity, 1);
+    c->iov = malloc((size_t)o->queue_depth * o->max_coalesce * sizeof(*c->iov));
     void *mem = NULL;
     if (posix_memalign(&mem, o->page_size < 4096 ? 4096 : o->page_size,
                        o->capacity * o->page_size) == 0)
         c->mem = mem;
-    if (!c->slot_of || !c->window || !c->slot_page || !c->refs || !c->recent || !c->mem) {
+    if (!c->slot_of || !c->window || !c->slot_page || !c->refs || !c->recent || !c->loading ||
+        !c->iov || !c->mem) {
         rc = qual_set_error(-ENOMEM, "no memory for a %llu-page cache over %llu pages",
                             (unsigned long long)o->capacity, (unsigned long long)c->pages);
         goto fail;
@@ -99,19 +133,6 @@ int qual_fcache_open(const struct qual_fcache_opts *o, struct qual_fcache **out)
     for (uint64_t s = 0; s < o->capacity; s++)
         c->slot_page[s] = -1;
     rc = resolve_backend(o->backend, &c->backend);
-    if (rc)
-        goto fail;
-    struct ioq_opts qo = {
-        .backend = c->backend,
-        .fd = c->fd,
-        .depth = c->backend == QUAL_BACKEND_IO_URING ? o->queue_depth : 1,
-        .buf_len = 0, /* reads land in the cache's slots */
-        .submit_batch = 0,
-        .deadline_ns = QUAL_UNBOUNDED,
-        .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
-        .single_issuer = 0, /* opened on one thread, used by whichever thread gathers */
-    };
-    rc = ioq_open(&c->q, &qo);
     if (rc)
         goto fail;
     *out = c;

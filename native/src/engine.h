@@ -77,10 +77,13 @@ struct ioq_io {
     unsigned retries;
 };
 
+#define IOQ_LATER 2
+
 struct ioq_client {
     void *ctx;
-    /* The next I/O into *io: 1 when filled, 0 when there is nothing more to do, or a negative
-     * errno (with qual_set_error) to stop. */
+    /* The next I/O into *io: 1 when filled, 0 when there is nothing more to do, IOQ_LATER when
+     * nothing can go before a completion (ask again after it), or a negative errno (with
+     * qual_set_error) to stop. */
     int (*next)(void *ctx, struct ioq_io *io);
     /* A completion: res is the bytes moved or -errno (faults applied), lat_ns its latency.
      * 0 to go on, or a negative errno to stop; what is in flight then drains. */
@@ -93,6 +96,8 @@ struct ioq_opts {
     unsigned depth;           /* I/Os in flight at most */
     size_t buf_len;           /* the queue's buffer per slot (0: the client brings memory) */
     size_t align;             /* of those buffers */
+    void *client_mem;         /* without queue buffers: the client's memory that I/Os land in, */
+    size_t client_mem_len;    /* registered with the kernel where it can be (no pin per I/O) */
     unsigned submit_batch;    /* io_uring: I/Os per submission (0: all that are ready) */
     uint64_t deadline_ns;     /* issue nothing after this CLOCK_MONOTONIC time (QUAL_UNBOUNDED) */
     uint64_t stall_ns;        /* an I/O outstanding this long ends the run (-ETIMEDOUT) */

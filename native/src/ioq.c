@@ -251,6 +251,11 @@ int ioq_run(struct ioq *q, const struct ioq_client *c)
             io->slot = slot;
             io->buf = ioq_buf(q, slot);
             int n = c->next(c->ctx, io);
+            if (n == IOQ_LATER) {
+                if (!q->inflight) /* waiting for a completion with none to come */
+                    FAIL(qual_set_error(-EDEADLK, "the client waits with nothing in flight"));
+                break;
+            }
             if (n <= 0) {
                 if (n < 0)
                     FAIL(n);

@@ -27,9 +27,9 @@ struct ring {
     int target_fd;
     int fixed_file;
     int fixed_bufs;
-    unsigned char *bufs;      /* the queue's buffers (registered when possible) */
-    size_t bufs_len;
-    size_t buf_len;
+    unsigned char *bufs;      /* the queue's buffers, or the client's memory (registered when */
+    size_t bufs_len;          /* possible) */
+    size_t buf_len;           /* a registered unit: one slot's buffer, or up to 1 GiB */
     /* submission ring */
     unsigned *sq_head;
     unsigned *sq_tail;
@@ -179,6 +179,11 @@ static int uring_open(struct ioq *q, void **state)
     r->target_fd = o->fd;
     r->buf_len = o->buf_len;
     r->bufs = ioq_bufs(q, &r->bufs_len);
+    if (!r->bufs && o->client_mem) { /* in units the kernel takes (1 GiB a buffer at most) */
+        r->bufs = o->client_mem;
+        r->bufs_len = o->client_mem_len;
+        r->buf_len = o->client_mem_len < (1ul << 30) ? o->client_mem_len : 1ul << 30;
+    }
     *state = r;
 
     struct io_uring_params p;
@@ -192,15 +197,19 @@ static int uring_open(struct ioq *q, void **state)
                     sys_register(r->fd, IORING_REGISTER_FILES, &r->target_fd, 1) == 0;
     if (!r->bufs)
         return 0; /* the client brings its own memory */
-    struct iovec *iov = calloc(o->depth, sizeof(*iov));
+    unsigned units = (unsigned)((r->bufs_len + r->buf_len - 1) / r->buf_len);
+    struct iovec *iov = calloc(units, sizeof(*iov));
     if (!iov)
-        return qual_set_error(-ENOMEM, "cannot allocate %u iovecs", o->depth);
-    for (unsigned i = 0; i < o->depth; i++) {
+        return qual_set_error(-ENOMEM, "cannot allocate %u iovecs", units);
+    for (unsigned i = 0; i < units; i++) {
         iov[i].iov_base = r->bufs + (size_t)i * r->buf_len;
-        iov[i].iov_len = r->buf_len;
+        iov[i].iov_len = r->bufs_len - (size_t)i * r->buf_len < r->buf_len ?
+                         r->bufs_len - (size_t)i * r->buf_len : r->buf_len;
     }
-    /* registered buffers save a page pin per I/O; without them plain reads and writes work */
-    r->fixed_bufs = sys_register(r->fd, IORING_REGISTER_BUFFERS, iov, o->depth) == 0;
+    /* registered buffers save a page pin per I/O; without them (a locked-memory limit, an old
+     * kernel) plain reads and writes work */
+    r->fixed_bufs = units <= UINT16_MAX + 1u &&
+                    sys_register(r->fd, IORING_REGISTER_BUFFERS, iov, units) == 0;
     free(iov);
     return 0;
 }
@@ -235,7 +244,9 @@ static void uring_queue(void *state, struct ioq_io *io)
         sqe->addr = (uint64_t)(uintptr_t)io->iov;
         sqe->len = io->nvec;
     } else {
-        int fixed = r->fixed_bufs && b >= r->bufs && b + io->len <= r->bufs + r->bufs_len;
+        int fixed = r->fixed_bufs && b >= r->bufs && b + io->len <= r->bufs + r->bufs_len &&
+                    (size_t)(b - r->bufs) / r->buf_len ==
+                    (size_t)(b + io->len - 1 - r->bufs) / r->buf_len; /* inside one unit */
         if (fixed) {
             sqe->opcode = write ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED;
             sqe->buf_index = (unsigned short)((size_t)(b - r->bufs) / r->buf_len);

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno as errno_mod
 import math
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -48,12 +49,43 @@ def ns(seconds: float) -> int:
     return round(seconds * 1e9) if math.isfinite(seconds) else UNBOUNDED
 
 
-def long_call(call, ctl, keep, progress: Progress | None, interval: float) -> int:
-    """Run a long engine call on a helper thread, so that the main thread stays free to report
-    progress(bytes_done, ops_done, seconds) every `interval` and to notice an exception (Ctrl-C,
-    a test's timeout, a failing progress callback). Any exception that leaves this call
-    cancels the engine call through ctl and waits, at most STOP_WAIT seconds, for it to stop:
-    no engine thread outlives the call that started it."""
+class EngineThread:
+    """One helper thread for all of an engine object's long calls, one at a time: for engine
+    state that belongs to the thread using it (a feature cache's io_uring ring, made for a
+    single submitter, which spares the kernel its cross-thread completion work)."""
+
+    def __init__(self, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._last: threading.Event | None = None
+        self.thread = threading.Thread(target=self._serve, args=(self._calls,), name=name,
+                                       daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _serve(calls: queue.SimpleQueue) -> None:  # idle between calls; None ends it
+        while (work := calls.get()) is not None:
+            work()
+
+    def start(self, work, finished: threading.Event, memory) -> None:
+        if self._last is not None and not self._last.is_set():
+            raise EngineStuck(errno_mod.ETIMEDOUT, "an earlier engine call on this object never "
+                              "returned: its I/Os are still with the kernel")
+        self._last = finished
+        self.thread.engine_memory = memory
+        self._calls.put(work)
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+
+def long_call(call, ctl, keep, progress: Progress | None, interval: float,
+              thread: EngineThread | None = None) -> int:
+    """Run a long engine call on a helper thread (a fresh one, or the given EngineThread), so
+    that the main thread stays free to report progress(bytes_done, ops_done, seconds) every
+    `interval` and to notice an exception (Ctrl-C, a test's timeout, a failing progress
+    callback). Any exception that leaves this call cancels the engine call through ctl and
+    waits, at most STOP_WAIT seconds, for it to stop: no engine call outlives the call that
+    started it."""
     outcome: list[tuple[int, str]] = []
     # an Event, not Thread.join: a join that an exception interrupts can report a live thread
     # as stopped (CPython), and then the engine would run on past this call
@@ -67,11 +99,15 @@ def long_call(call, ctl, keep, progress: Progress | None, interval: float) -> in
         finally:
             finished.set()
 
-    worker = threading.Thread(target=work, name="qual-engine", daemon=True)
-    # the engine reads these until it returns, even if a second Ctrl-C abandons the wait
-    worker.engine_memory = (ctl, keep)
     started = time.monotonic()
-    worker.start()
+    if thread:
+        worker = None
+        thread.start(work, finished, (ctl, keep))
+    else:
+        worker = threading.Thread(target=work, name="qual-engine", daemon=True)
+        # the engine reads these until it returns, even if a second Ctrl-C abandons the wait
+        worker.engine_memory = (ctl, keep)
+        worker.start()
     try:
         last = started
         while not finished.wait(0.05):
@@ -85,9 +121,11 @@ def long_call(call, ctl, keep, progress: Progress | None, interval: float) -> in
             raise EngineStuck(errno_mod.ETIMEDOUT, f"still running {STOP_WAIT:g} s after it was "
                               f"cancelled ({type(stop).__name__}): I/Os the kernel has not "
                               "returned") from stop
-        worker.join()  # past finished: only the thread's own exit is left
+        if worker:
+            worker.join()  # past finished: only the thread's own exit is left
         raise
-    worker.join()
+    if worker:
+        worker.join()
     return outcome[0]
 
 

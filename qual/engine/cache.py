@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
-from qual.engine._binding import BACKEND_CODE, check, check_outcome, long_call
+from qual.engine._binding import BACKEND_CODE, EngineThread, check, check_outcome, long_call
 from qual.engine._binding import ffi, lib
 
 def sample(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fanout: int,
@@ -72,11 +73,15 @@ class FeatureCache:
         self._c = ffi.gc(out[0], lib.qual_fcache_close)
         self.path, self.row_bytes = path, row_bytes
         self._cpu_buffer = None
+        # every gather on one thread: the cache's ring is made once, for it
+        self._thread = EngineThread("qual-gather")
+        weakref.finalize(self, self._thread.close)
 
     def close(self) -> None:
         if self._c is not None:
             ffi.release(self._c)  # runs qual_fcache_close now, not at garbage collection
             self._c = None
+            self._thread.close()
 
     def set_cpu_buffer(self, rows: np.ndarray, buffer: np.ndarray) -> None:
         """Serve these rows from `buffer` (len(rows) x row_bytes, kept alive here)."""
@@ -97,7 +102,8 @@ class FeatureCache:
         ctl = ffi.new("struct qual_ctl *")
         crows, cout = ffi.from_buffer("int64_t[]", rows), ffi.from_buffer(out, require_writable=True)
         check_outcome(long_call(lambda: lib.qual_fcache_gather(self._c, crows, len(rows), cout, ctl),
-                          ctl, (crows, cout), None, 0.5), op="read", target=self.path)
+                                ctl, (crows, cout), None, 0.5, self._thread),
+                      op="read", target=self.path)
 
     def probe(self, rows: np.ndarray) -> int:
         """Storage requests a gather of these rows would make now (pages not cached and not in
