@@ -71,19 +71,24 @@ class Pairing:
         return out
 
 
-def fio(path: Path, rw: str, bs: int, depth: int, *, size: int, runtime: float | None = None):
-    """fio with io_uring and O_DIRECT: (bytes, seconds, CPU seconds). A write lays down a fresh,
-    preallocated file and syncs it at the end (end_fsync, inside fio's time)."""
+def fio(path: Path, rw: str, bs: int, depth: int, *, size: int, runtime: float | None = None,
+        rwmixread: int | None = None):
+    """fio with io_uring and O_DIRECT: (bytes, seconds, CPU seconds), reads and writes together.
+    A job that writes (write, randwrite, randrw with rwmixread) syncs at the end (end_fsync,
+    inside fio's time); a pure write lays down a fresh, preallocated file."""
     cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={depth}", f"--size={size}", "--direct=1", "--ioengine=io_uring",
            "--randrepeat=0", "--output-format=json"]
     if runtime:
         cmd += [f"--runtime={runtime}", "--time_based=1"]
-    if "write" in rw:
+    if rwmixread is not None:
+        cmd += [f"--rwmixread={rwmixread}", "--end_fsync=1"]
+    elif "write" in rw:
         cmd += ["--fallocate=native", "--end_fsync=1"]
     job = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     job = job["jobs"][0]
-    side = job["write" if "write" in rw else "read"]
-    seconds = side["io_bytes"] / side["bw_bytes"] if side["bw_bytes"] else job["job_runtime"] / 1e3
+    sides = [job[d] for d in ("read", "write") if job[d]["io_bytes"]]
+    seconds = max((d["io_bytes"] / d["bw_bytes"] for d in sides if d["bw_bytes"]),
+                  default=job["job_runtime"] / 1e3)
     cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1e3
-    return side["io_bytes"], seconds, cpu
+    return sum(d["io_bytes"] for d in sides), seconds, cpu

@@ -8,6 +8,7 @@ target)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
@@ -24,7 +25,8 @@ from qual.workloads import registry
 from qual.workloads.base import duration, positive, size
 
 RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
-      "write": ("write", "sequential"), "randwrite": ("write", "random")}
+      "write": ("write", "sequential"), "randwrite": ("write", "random"),
+      "rw": ("mixed", "sequential"), "randrw": ("mixed", "random")}
 
 
 def _parser(families: dict) -> argparse.ArgumentParser:
@@ -36,6 +38,8 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io.add_argument("--target", default=None,
                     help="file, directory or block device (default: .qual/target.dat)")
     io.add_argument("--rw", choices=list(RW), default="randread")
+    io.add_argument("--rwmixread", type=int, default=None, metavar="PERCENT",
+                    help="rw/randrw: per cent of I/Os that read (default 50, as in fio)")
     io.add_argument("--bs", type=size, default=4096, help="block size (4k, 128K, 1M)")
     io.add_argument("--iodepth", type=positive, default=1, help="I/Os in flight per job")
     io.add_argument("--numjobs", type=positive, default=1, help="workers (threads)")
@@ -159,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_io(args) -> int:
     op, pattern = RW[args.rw]
+    if args.rwmixread is not None and op != "mixed":
+        raise QualError(errno.EINVAL, f"--rwmixread applies to rw and randrw, not {args.rw}")
     target = Target(args.target, allow_destructive=args.allow_destructive,
                     confirm_serial=args.confirm_serial)
     # as in fio, a job without a runtime moves --size, rounded down to whole blocks
@@ -167,7 +173,8 @@ def cmd_io(args) -> int:
                      workers=args.numjobs, submit_batch=args.submit_batch,
                      offset=args.offset or 0, size=args.size,
                      bytes=whole if args.runtime is None else None, runtime=args.runtime,
-                     seed=args.seed, backend=args.engine, direct=bool(args.direct))
+                     seed=args.seed, backend=args.engine, direct=bool(args.direct),
+                     rwmixread=50 if args.rwmixread is None else args.rwmixread)
     target.lock()
     try:
         result = _run_io(target.prepare(job), args)
@@ -201,10 +208,15 @@ def _run_io(job: engine.IoJob, args) -> engine.IoResult:
 def human_line(result: engine.IoResult) -> str:
     job, lat = result.job, result.latency.summary()
     us = {k: units.format_quantity(v / 1e9, "us") for k, v in lat.items()}
+    split = "".join(
+        f"{name} {units.format_quantity(d.ops / result.elapsed, dimension='rate')} "
+        f"(p99.99 {units.format_quantity(d.latency.summary()['p99.99'] / 1e9, 'us')}), "
+        for name, d in (("read", result.read), ("write", result.write))
+        if job.op == "mixed" and result.elapsed > 0)
     return (f"{job.rw} bs={units.format_size(job.block_size)} iodepth={job.queue_depth} "
             f"numjobs={job.workers} [{result.backend}{'' if job.direct else ', page cache'}]: "
             f"{units.format_quantity(result.bandwidth, dimension='bandwidth')}, "
-            f"{units.format_quantity(result.iops, dimension='rate')}, "
+            f"{units.format_quantity(result.iops, dimension='rate')}, {split}"
             f"lat p50 {us['p50']} p99 {us['p99']} p99.99 {us['p99.99']} max {us['max']}, "
             f"cpu {result.cpu:.2f} s ({units.format_quantity(result.cpu_per_io, 'us')}/IO), "
             f"{units.format_size(result.bytes)} in {result.elapsed:.2f} s")

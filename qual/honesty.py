@@ -89,9 +89,17 @@ def check_io(result: IoResult, device: dict | None, identity: Identity) -> dict:
                 f"{job.rw} at {format_quantity(result.bandwidth, 'GiB/s')} exceeds what a "
                 f"{identity.link_speed} x{identity.link_width} link can carry "
                 f"({format_quantity(ceiling, 'GiB/s')})", job.target)
-    key = "read_bytes" if job.op == "read" else "write_bytes"
-    return {**checked, **check_device(device, key, result.bytes if job.direct else 0,
-                                      f"O_DIRECT {job.rw}", job.target)}
+    if job.op != "mixed":
+        key = "read_bytes" if job.op == "read" else "write_bytes"
+        return {**checked, **check_device(device, key, result.bytes if job.direct else 0,
+                                          f"O_DIRECT {job.rw}", job.target)}
+    # each direction on its own counter: a cache that absorbed the writes cannot hide behind
+    # the reads' bytes
+    reads = check_device(device, "read_bytes", result.read.bytes if job.direct else 0,
+                         f"the reads of O_DIRECT {job.rw}", job.target)
+    writes = check_device(device, "write_bytes", result.write.bytes if job.direct else 0,
+                          f"the writes of O_DIRECT {job.rw}", job.target)
+    return {**checked, **reads, "device_write_bytes": writes.get("device_bytes")}
 
 
 def samples_needed(pct: float) -> int:

@@ -15,15 +15,38 @@ def qual(*args, cwd=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("rw", ["read", "randread", "write", "randwrite"])
+LAT_KEYS = {"p50", "p90", "p99", "p99.9", "p99.99", "p99.9999", "max", "mean"}
+
+
+@pytest.mark.parametrize("rw", ["read", "randread", "write", "randwrite", "rw", "randrw"])
 def test_io_json_has_the_documented_keys(tmp_path, rw):
     proc = qual("io", "--target", str(tmp_path), "--rw", rw, "--bs", "64k", "--iodepth", "4",
                 "--size", "8M", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert {"backend", "bw_bytes", "iops", "lat_ns", "cpu_s"} <= doc.keys()
-    assert {"p50", "p99", "p99.9", "p99.99", "max", "mean"} <= doc["lat_ns"].keys()
+    assert {"backend", "bw_bytes", "iops", "lat_ns", "cpu_s", "read", "write"} <= doc.keys()
+    assert LAT_KEYS <= doc["lat_ns"].keys()
     assert doc["rw"] == rw and doc["bytes"] == 8 << 20 and doc["backend"] in ("io_uring", "psync")
+    for side in ("read", "write"):
+        assert {"ops", "bytes", "bw_bytes", "iops", "lat_ns"} <= doc[side].keys()
+        assert LAT_KEYS <= doc[side]["lat_ns"].keys()
+    assert doc["read"]["bytes"] + doc["write"]["bytes"] == doc["bytes"]
+    assert doc["read"]["ops"] + doc["write"]["ops"] == doc["ops"]
+    reads = {"read": True, "randread": True, "write": False, "randwrite": False}.get(rw)
+    if reads is None:  # mixed: fio's default rwmixread of 50
+        assert doc["rwmixread"] == 50 and doc["read"]["ops"] and doc["write"]["ops"]
+    else:
+        assert bool(doc["read"]["ops"]) == reads and bool(doc["write"]["ops"]) != reads
+
+
+def test_io_mixed_json_splits_by_rwmixread(tmp_path):
+    proc = qual("io", "--target", str(tmp_path), "--rw", "randrw", "--rwmixread", "70", "--bs",
+                "4k", "--iodepth", "8", "--size", "16M", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["rwmixread"] == 70 and doc["ops"] == 4096
+    assert abs(doc["read"]["ops"] / doc["ops"] - 0.70) <= 0.03
+    assert doc["read"]["iops"] + doc["write"]["iops"] == pytest.approx(doc["iops"])
 
 
 def test_io_human_line_names_backend_and_percentiles(tmp_path):
@@ -41,6 +64,7 @@ def test_io_human_line_names_backend_and_percentiles(tmp_path):
     (["--runtime", "-1s"], "argument --runtime"),
     (["--rw", "trim"], "argument --rw: invalid choice"),
     (["--engine", "aio"], "argument --engine: invalid choice"),
+    (["--rwmixread", "x"], "argument --rwmixread: invalid int value"),
 ])
 def test_io_flag_errors_before_any_io(tmp_path, args, message):
     proc = qual("io", "--target", str(tmp_path), *args)
@@ -48,19 +72,26 @@ def test_io_flag_errors_before_any_io(tmp_path, args, message):
     assert not list(tmp_path.iterdir())
 
 
-def test_io_job_errors_before_any_io(tmp_path):
-    proc = qual("io", "--target", str(tmp_path), "--bs", "1000", "--size", "8M")
+@pytest.mark.parametrize("args, message", [
+    (["--bs", "1000", "--size", "8M"],
+     "block size 1000 is not a multiple of the target's 512-byte logical block"),
+    (["--rw", "randrw", "--rwmixread", "101"], "read share 101 % is outside 0..100"),
+    (["--rw", "randread", "--rwmixread", "70"], "--rwmixread applies to rw and randrw"),
+])
+def test_io_job_errors_before_any_io(tmp_path, args, message):
+    proc = qual("io", "--target", str(tmp_path), *args)
     assert proc.returncode == 1
-    assert "block size 1000 is not a multiple of the target's 512-byte logical block" in proc.stderr
+    assert message in proc.stderr
     assert not list(tmp_path.glob("qual-target.dat"))
 
 
 @needs_root
-def test_io_refuses_a_write_to_a_mounted_device(loop_device):
+@pytest.mark.parametrize("rw", ["write", "randrw"])  # a mixed job writes too
+def test_io_refuses_a_write_to_a_mounted_device(loop_device, rw):
     dev = loop_device()
     loop_device.mount(dev, options="ro")  # read-only: ext4's own background writes would
     before = sha256_of(dev)               # change the bytes this test says qual left alone
-    proc = qual("io", "--target", dev, "--rw", "write", "--size", "1M", "--allow-destructive",
+    proc = qual("io", "--target", dev, "--rw", rw, "--size", "1M", "--allow-destructive",
                 "--confirm-serial", Target(dev).identity.serial)
     assert proc.returncode == 1 and "refusing to write: mounted:" in proc.stderr
     assert sha256_of(dev) == before

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -321,3 +322,50 @@ def test_crc32c_matches_the_reference_at_every_length(length):
     cut = length // 3 + 1 if length else 0
     assert engine.crc32c(data[cut:], engine.crc32c(data[:cut])) == want
     assert engine.crc32c(b"123456789") == 0xE3069283  # the standard check value
+
+
+# ------------------------------------------------------------------ mixed reads and writes
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="loop devices need root")
+def test_a_70_30_mixed_job_splits_so_and_the_device_counts_each_direction(loop_device):
+    from qual import honesty
+    from qual.target import Target
+
+    dev = loop_device(64 << 20)
+    target = Target(dev, allow_destructive=True, confirm_serial=Target(dev).identity.serial)
+    target.lock()
+    try:
+        job = target.prepare(target.job(op="mixed", rwmixread=70, pattern="random",
+                                        block_size=4096, queue_depth=16, workers=2,
+                                        size=32 << 20, bytes=20000 * 4096))
+        before = target.device_stat()
+        r = engine.run_job(job)
+        seen = honesty.between(before, target.device_stat())
+    finally:
+        target.unlock()
+    assert r.ops == r.read.ops + r.write.ops == 20000
+    assert r.bytes == r.read.bytes + r.write.bytes
+    assert abs(r.read.ops / r.ops - 0.70) <= 0.02 and abs(r.write.ops / r.ops - 0.30) <= 0.02
+    assert seen["read_bytes"] == pytest.approx(r.read.bytes, rel=0.05)
+    assert seen["write_bytes"] == pytest.approx(r.write.bytes, rel=0.05)
+    assert r.read.latency.count == r.read.ops and r.write.latency.count == r.write.ops
+    assert honesty.check_io(r, seen, target.identity)["device_truth"] == honesty.COUNTED
+
+
+def test_a_mixed_job_with_verify_writes_the_pattern_and_checks_what_it_reads(tmp_path):
+    """Reads in a mixed job check the pattern that the writes (and the set-up) laid down: a
+    flipped byte under the region is found."""
+    from qual.target import Target
+
+    target = Target(tmp_path)
+    common = dict(block_size=4096, size=4 << 20, seed=9, verify=True, queue_depth=8)
+    engine.run_job(target.prepare(target.job(op="write", pattern="sequential", bytes=4 << 20,
+                                             **common)))
+    mixed = target.prepare(target.job(op="mixed", rwmixread=50, pattern="random",
+                                      bytes=8 << 20, **common))
+    assert engine.run_job(mixed).write.ops > 0
+    for block in range(16):  # a write may restore one before a read sees it; not all 16
+        flip_byte(target.path, (3 << 20) + block * 4096 + 100)
+    with pytest.raises(DataMismatch):
+        engine.run_job(replace(mixed, rwmixread=90, bytes=32 << 20))

@@ -82,3 +82,24 @@ def test_empty_histogram_has_no_percentile():
     with pytest.raises(QualError, match="empty"):
         LatencyHistogram().percentile(50)
     assert LatencyHistogram().summary()["p99"] == 0
+
+
+def test_p99_9999_of_a_million_samples_is_exact_to_the_bucket_bound():
+    """Six nines, as OCP's QoS asks: 1,000,000 samples resolve it (the 999,999th), fewer cannot
+    (it would be the maximum), and the histogram reads it within its 1/128 bound."""
+    rng = np.random.default_rng(3)
+    body = rng.lognormal(np.log(80_000), 0.5, 1_000_000 - 3).astype(np.uint64)
+    samples = np.concatenate([body, np.array([30_000_000, 45_000_000, 90_000_000], np.uint64)])
+    values, counts = np.unique(samples, return_counts=True)
+    bins: dict[int, int] = {}
+    for v, c in zip(values.tolist(), counts.tolist()):  # as the engine would have counted them
+        rep = bucket_value(bucket_index(v))
+        bins[rep] = bins.get(rep, 0) + c
+    hist = LatencyHistogram.from_bins(bins, min_ns=int(samples.min()), max_ns=int(samples.max()),
+                                      sum_ns=int(samples.sum()))
+    want = int(nearest_rank(np.sort(samples), 99.9999))
+    assert want == 45_000_000  # the second largest: the tail, not the body, not the maximum
+    assert abs(hist.percentile(99.9999) - want) <= want / 128
+    assert hist.summary()["p99.9999"] == hist.percentile(99.9999)
+    from qual.honesty import samples_needed
+    assert samples_needed(99.9999) == 1_000_000 and samples_needed(99.99) == 10_000

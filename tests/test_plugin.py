@@ -6,6 +6,8 @@ import os
 import re
 import textwrap
 
+import pytest
+
 from testbed import TINY_PROFILE, load_record, run_suite
 
 
@@ -190,14 +192,17 @@ def test_a_regression_against_the_baseline_fails(tmp_path):
     assert record["baseline"] == str(path) and record["summary"]["verdict"] == "FAIL"
 
 
-def test_a_percentile_too_few_samples_can_resolve_is_an_error(tmp_path):
-    """p99.99 needs 10,000 samples; 50 ms at depth 1 cannot give them."""
-    text = TINY_PROFILE.read_text().replace('runtime = "0.3 s"', 'runtime = "0.05 s"')
+@pytest.mark.parametrize("pct, latency, needed", [
+    (99.99, 'runtime = "0.05 s"', 10_000),  # 50 ms at depth 1 cannot give them
+    (99.9999, 'runtime = "30 s"\nsamples = 3000', 1_000_000),  # sized by samples: 3,000
+])
+def test_a_percentile_too_few_samples_can_resolve_is_an_error(tmp_path, pct, latency, needed):
+    text = TINY_PROFILE.read_text().replace('runtime = "0.3 s"', latency)
     path = tmp_path / "short.toml"
-    path.write_text(text + textwrap.dedent("""
+    path.write_text(text + textwrap.dedent(f"""
         [[bandwidth.criteria]]
         metric = "rand_read_lat"
-        params = { bs = "4K", qd = 1, pct = 99.99 }
+        params = {{ bs = "4K", qd = 1, pct = {pct} }}
         max = 10
         unit = "ms"
         source = "x"
@@ -205,4 +210,6 @@ def test_a_percentile_too_few_samples_can_resolve_is_an_error(tmp_path):
     proc, results = run_suite(tmp_path, profile=path)
     assert proc.returncode == 1
     (lat,) = [t for t in load_record(results)["tests"] if t["nodeid"].endswith("test_latency")]
-    assert lat["outcome"] == "broken" and "needs at least 10000 samples" in lat["message"]
+    assert lat["outcome"] == "broken" and f"needs at least {needed} samples" in lat["message"]
+    if "samples" in latency:
+        assert {m["context"]["ops"] for m in lat["measurements"]} == {3000}

@@ -96,7 +96,9 @@ enum {
     QUAL_MAX_BLOCK = 67108864
 };
 
-enum qual_op { QUAL_OP_READ = 0, QUAL_OP_WRITE = 1 };
+/* An I/O's direction; a job's op may also be QUAL_OP_MIXED: reads and writes, rwmixread per
+ * cent of them reads, each I/O's direction drawn at random (fio's rw=randrw / rw=rw). */
+enum qual_op { QUAL_OP_READ = 0, QUAL_OP_WRITE = 1, QUAL_OP_MIXED = 2 };
 
 /* The file or device a caller checked before handing its path to the engine (the safety guard,
  * qual's proof that it created a scratch file). With one given, the engine opens the path
@@ -119,6 +121,7 @@ enum qual_backend { QUAL_BACKEND_AUTO = 0, QUAL_BACKEND_IO_URING = 1, QUAL_BACKE
 struct qual_job {
     const char *path;         /* a regular file or a block device */
     int op;                   /* enum qual_op */
+    uint32_t rwmixread;       /* QUAL_OP_MIXED: per cent of I/Os that read, 0..100 */
     int pattern;              /* enum qual_pattern */
     int backend;              /* enum qual_backend: the one asked for */
     int direct;               /* 1: O_DIRECT (the page cache is bypassed) */
@@ -150,6 +153,13 @@ struct qual_ctl {
     uint64_t ops_done;
 };
 
+/* One direction's share of a job. */
+struct qual_dir {
+    uint64_t bytes;
+    uint64_t ops;
+    struct qual_hist lat;
+};
+
 /* What happened. elapsed_ns runs from the moment every worker is ready until the last one
  * finished, including fdatasync for writes (durability is part of a write's time). cpu_*
  * are the whole process's CPU seconds over the same span. */
@@ -165,6 +175,7 @@ struct qual_result {
     double cpu_user_s;
     double cpu_sys_s;
     struct qual_hist lat;     /* completion latency of every I/O, all workers merged */
+    struct qual_dir dir[2];   /* the same split by direction (enum qual_op: read, write) */
 };
 
 int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_result *res);

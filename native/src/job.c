@@ -59,9 +59,7 @@ struct worker {
     uint64_t issued;
     uint64_t write_seq;
     struct rng rng;
-    uint64_t bytes;
-    uint64_t ops;
-    struct qual_hist hist;
+    struct qual_dir dir[2];   /* by direction */
 };
 
 static int job_fail(struct jobrun *run, int err, int op, uint64_t off, const char *fmt, ...)
@@ -96,9 +94,11 @@ static int worker_next(void *ctx, struct ioq_io *io)
     uint64_t block = job->pattern == QUAL_RANDOM ? rng_below(&w->rng, w->nblocks)
                                                  : k % w->nblocks;
     io->op = job->op;
+    if (job->op == QUAL_OP_MIXED)
+        io->op = rng_below(&w->rng, 100) < job->rwmixread ? QUAL_OP_READ : QUAL_OP_WRITE;
     io->off = w->lo + block * job->block_size;
     io->len = job->block_size;
-    if (job->op == QUAL_OP_WRITE) {
+    if (io->op == QUAL_OP_WRITE) {
         if (job->verify)
             qual_pattern_fill(io->buf, job->block_size, job->seed, io->off);
         else
@@ -127,9 +127,10 @@ static int worker_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t
                             "data read at offset %llu is not what was written there",
                             (unsigned long long)bad);
     }
-    qual_hist_record(&w->hist, lat_ns);
-    w->bytes += len;
-    w->ops++;
+    struct qual_dir *d = &w->dir[io->op];
+    qual_hist_record(&d->lat, lat_ns);
+    d->bytes += len;
+    d->ops++;
     __atomic_add_fetch(&run->ctl->bytes_done, len, __ATOMIC_RELAXED);
     __atomic_add_fetch(&run->ctl->ops_done, 1, __ATOMIC_RELAXED);
     return 0;
@@ -139,8 +140,11 @@ static int validate(const struct qual_job *job)
 {
     if (!job->path || !*job->path)
         return qual_set_error(-EINVAL, "job has no target path");
-    if (job->op != QUAL_OP_READ && job->op != QUAL_OP_WRITE)
-        return qual_set_error(-EINVAL, "op %d is neither read nor write", job->op);
+    if (job->op != QUAL_OP_READ && job->op != QUAL_OP_WRITE && job->op != QUAL_OP_MIXED)
+        return qual_set_error(-EINVAL, "op %d is neither read, write nor mixed", job->op);
+    if (job->op == QUAL_OP_MIXED && job->rwmixread > 100)
+        return qual_set_error(-EINVAL, "a mixed job's read share %u%% is above 100%%",
+                              job->rwmixread);
     if (job->pattern != QUAL_SEQUENTIAL && job->pattern != QUAL_RANDOM)
         return qual_set_error(-EINVAL, "pattern %d is neither sequential nor random", job->pattern);
     if (job->backend < QUAL_BACKEND_AUTO || job->backend > QUAL_BACKEND_PSYNC)
@@ -189,8 +193,9 @@ static int validate(const struct qual_job *job)
 
 static int open_target(const struct qual_job *job, int *fd_out)
 {
-    int flags = (job->op == QUAL_OP_WRITE ? O_WRONLY : O_RDONLY) | (job->direct ? O_DIRECT : 0);
-    return target_open(job->path, flags, &job->expect, op_name(job->op), fd_out);
+    static const int access[] = {O_RDONLY, O_WRONLY, O_RDWR};
+    return target_open(job->path, access[job->op] | (job->direct ? O_DIRECT : 0), &job->expect,
+                       job->op == QUAL_OP_MIXED ? "read and write" : op_name(job->op), fd_out);
 }
 
 /* The region must lie inside the target; a regular file may grow under writes. */
@@ -242,7 +247,7 @@ static void *worker_main(void *p)
     if (rc) {
         job_fail(run, rc, -1, 0, "%s", qual_last_error());
         __atomic_store_n(&run->setup_failed, 1, __ATOMIC_RELAXED);
-    } else if (job->op == QUAL_OP_WRITE) {
+    } else if (job->op != QUAL_OP_READ) {
         for (unsigned i = 0; i < job->queue_depth; i++)
             qual_fill_random(ioq_buf(w->q, i), job->block_size,
                              job->seed ^ mix64(((uint64_t)w->index << 32) + i + 1));
@@ -301,6 +306,8 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
         return qual_set_error(-EINVAL, "job, ctl or result is NULL");
     memset(res, 0, sizeof(*res));
     qual_hist_init(&res->lat);
+    qual_hist_init(&res->dir[0].lat);
+    qual_hist_init(&res->dir[1].lat);
     res->error_op = -1;
     int rc = validate(job);
     if (rc)
@@ -342,7 +349,8 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
         w->index = opened;
         w->fd = -1;
         rng_seed(&w->rng, job->seed ^ mix64(opened + 1));
-        qual_hist_init(&w->hist);
+        qual_hist_init(&w->dir[0].lat);
+        qual_hist_init(&w->dir[1].lat);
         rc = open_target(job, &w->fd);
         if (!rc && opened == 0)
             rc = check_extent(job, w->fd);
@@ -381,7 +389,7 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
         if (workers[i].started && !workers[i].wedged)
             pthread_join(workers[i].tid, NULL);
 
-    if (job->op == QUAL_OP_WRITE && !run.error) {
+    if (job->op != QUAL_OP_READ && !run.error) {
         /* durability is part of a write's time: one fdatasync covers every descriptor of the
          * same file or device */
         if (fdatasync(workers[0].fd) != 0)
@@ -392,9 +400,15 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     double u1, s1;
     process_cpu(&u1, &s1);
     for (uint32_t i = 0; i < job->workers; i++) {
-        res->bytes += workers[i].bytes;
-        res->ops += workers[i].ops;
-        qual_hist_merge(&res->lat, &workers[i].hist);
+        for (int d = 0; d < 2; d++) {
+            const struct qual_dir *wd = &workers[i].dir[d];
+            res->dir[d].bytes += wd->bytes;
+            res->dir[d].ops += wd->ops;
+            qual_hist_merge(&res->dir[d].lat, &wd->lat);
+            res->bytes += wd->bytes;
+            res->ops += wd->ops;
+            qual_hist_merge(&res->lat, &wd->lat);
+        }
     }
     res->elapsed_ns = t_end - t_start;
     res->cpu_user_s = u1 - u0;

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from qual._native import ffi, lib
 from qual.errors import EngineStuck, error_for
 
-OPS = ("read", "write")
+OPS = ("read", "write")  # an I/O's direction
+JOB_OPS = (*OPS, "mixed")  # a job's: "mixed" reads and writes (fio's randrw, rw)
 PATTERNS = ("sequential", "random")
 BACKENDS = ("auto", "io_uring", "psync")
 MAX_QUEUE_DEPTH = lib.QUAL_MAX_DEPTH
@@ -24,7 +25,7 @@ MAX_BLOCK_SIZE = lib.QUAL_MAX_BLOCK
 UNBOUNDED = lib.QUAL_UNBOUNDED  # a byte or time bound that does not bound (never 0)
 STOP_WAIT = 5.0  # seconds a cancelled engine call may take to bring its I/Os back
 
-OP_CODE = {"read": lib.QUAL_OP_READ, "write": lib.QUAL_OP_WRITE}
+OP_CODE = {"read": lib.QUAL_OP_READ, "write": lib.QUAL_OP_WRITE, "mixed": lib.QUAL_OP_MIXED}
 PATTERN_CODE = {"sequential": lib.QUAL_SEQUENTIAL, "random": lib.QUAL_RANDOM}
 BACKEND_CODE = {
     "auto": lib.QUAL_BACKEND_AUTO,

@@ -7,7 +7,7 @@ import numpy as np
 from qual.engine._binding import check
 from qual.engine._binding import ffi, lib
 
-PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99)
+PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99, 99.9999)
 
 
 class LatencyHistogram:
@@ -73,7 +73,7 @@ class LatencyHistogram:
         return {bucket_value(int(i)): int(counts[i]) for i in np.flatnonzero(counts)}
 
     def summary(self) -> dict[str, float]:
-        """p50 … p99.99, max and mean in ns (empty histogram: all zero)."""
+        """p50 … p99.99, p99.9999, max and mean in ns (empty histogram: all zero)."""
         out = {f"p{pct:g}": (self.percentile(pct) if self.count else 0) for pct in PERCENTILES}
         out["max"] = self.max_ns
         out["mean"] = self.mean_ns

@@ -7,8 +7,8 @@ import errno as errno_mod
 from dataclasses import dataclass, field
 
 from qual.engine._binding import (
-    BACKEND_CODE, BACKEND_NAME, BACKENDS, MAX_BLOCK_SIZE, MAX_QUEUE_DEPTH, MAX_WORKERS, OP_CODE,
-    OPS, PATTERN_CODE, PATTERNS, UNBOUNDED, Progress, fill_faults, long_call, new_ctl, ns,
+    BACKEND_CODE, BACKEND_NAME, BACKENDS, JOB_OPS, MAX_BLOCK_SIZE, MAX_QUEUE_DEPTH, MAX_WORKERS,
+    OP_CODE, OPS, PATTERN_CODE, PATTERNS, UNBOUNDED, Progress, fill_faults, long_call, new_ctl, ns,
     raise_result)
 from qual.engine._binding import ffi, lib
 from qual.errors import InvalidJob
@@ -44,10 +44,11 @@ class IoJob:
     """One I/O job: what the engine runs (see struct qual_job)."""
 
     target: str
-    op: str
+    op: str  # read, write, or mixed (reads and writes: rwmixread per cent of them reads)
     pattern: str
     block_size: int
     size: int
+    rwmixread: int = 50
     queue_depth: int = 1
     workers: int = 1
     submit_batch: int = 1  # io_uring: I/Os per submission syscall (0: all ready); fio's default
@@ -69,8 +70,10 @@ class IoJob:
             raise InvalidJob(errno_mod.EINVAL, problem, target=self.target)
 
     def _problem(self) -> str | None:
-        if self.op not in OPS:
-            return f"op {self.op!r} is not one of {', '.join(OPS)}"
+        if self.op not in JOB_OPS:
+            return f"op {self.op!r} is not one of {', '.join(JOB_OPS)}"
+        if not 0 <= self.rwmixread <= 100:
+            return f"read share {self.rwmixread} % is outside 0..100"
         if self.pattern not in PATTERNS:
             return f"pattern {self.pattern!r} is not one of {', '.join(PATTERNS)}"
         if self.backend not in BACKENDS:
@@ -112,8 +115,28 @@ class IoJob:
 
     @property
     def rw(self) -> str:
-        """fio's name for the op and pattern (read, randread, write, randwrite)."""
-        return ("rand" if self.pattern == "random" else "") + self.op
+        """fio's name for the op and pattern (read, randread, write, randwrite, rw, randrw)."""
+        return ("rand" if self.pattern == "random" else "") + ("rw" if self.op == "mixed" else self.op)
+
+    @property
+    def writes(self) -> bool:
+        """Whether the job writes (a write or a mixed job): the guard must pass first."""
+        return self.op != "read"
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One direction's share of a job: its I/Os, bytes and latency, rates over the job's time."""
+
+    ops: int
+    bytes: int
+    elapsed: float
+    latency: LatencyHistogram
+
+    def to_dict(self) -> dict:
+        per_s = 1 / self.elapsed if self.elapsed > 0 else 0.0
+        return {"ops": self.ops, "bytes": self.bytes, "bw_bytes": self.bytes * per_s,
+                "iops": self.ops * per_s, "lat_ns": self.latency.summary()}
 
 
 @dataclass(frozen=True)
@@ -128,6 +151,8 @@ class IoResult:
     cpu_user: float
     cpu_sys: float
     latency: LatencyHistogram
+    read: Direction
+    write: Direction
 
     @property
     def bandwidth(self) -> float:
@@ -164,6 +189,9 @@ class IoResult:
             "cpu_user_s": self.cpu_user,
             "cpu_sys_s": self.cpu_sys,
             "lat_ns": self.latency.summary(),
+            **({"rwmixread": self.job.rwmixread} if self.job.op == "mixed" else {}),
+            "read": self.read.to_dict(),
+            "write": self.write.to_dict(),
         }
 
 
@@ -176,7 +204,11 @@ def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0
     ctl = ctl if ctl is not None else new_ctl()
     res = ffi.new("struct qual_result *")
     long_call(lambda: lib.qual_job_run(cjob, ctl, res), ctl, (cjob, res, keep), progress, interval)
-    raise_result(res, job.target, job.op)
+    raise_result(res, job.target, job.op if job.op in OPS else None)
+    elapsed = res.elapsed_ns / 1e9
+    side = {op: Direction(ops=int(res.dir[code].ops), bytes=int(res.dir[code].bytes),
+                          elapsed=elapsed, latency=LatencyHistogram(res.dir[code].lat))
+            for code, op in enumerate(OPS)}
     return IoResult(
         job=job,
         backend=BACKEND_NAME[res.backend],
@@ -186,6 +218,8 @@ def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0
         cpu_user=res.cpu_user_s,
         cpu_sys=res.cpu_sys_s,
         latency=LatencyHistogram(res.lat),
+        read=side["read"],
+        write=side["write"],
     )
 
 
@@ -194,6 +228,7 @@ def _fill_job(cjob, job: IoJob) -> list:
     path = ffi.new("char[]", os.fsencode(job.target))
     cjob.path = path
     cjob.op = OP_CODE[job.op]
+    cjob.rwmixread = job.rwmixread
     cjob.pattern = PATTERN_CODE[job.pattern]
     cjob.backend = BACKEND_CODE[job.backend]
     cjob.direct = int(job.direct)

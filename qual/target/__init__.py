@@ -257,7 +257,7 @@ class Target:
             raise TargetUnavailable(errno.ENOENT, f"vanished: {home} no longer exists",
                                     target=self.spec)
         end = job.offset + job.size
-        if job.op == "write":
+        if job.writes:
             self.ensure_writable(end)
         else:
             self.ensure_data(end)
