@@ -51,5 +51,6 @@ def test_charts(session_measurements, record):
 @allure.feature("drive health")
 def test_drive_health(drive_health, record):
     """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, temperature and spare headroom, bytes the drive counted as written."""
-    record.add(drive_health.measurements())
+    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
+    headroom, bytes the drive counted as written."""
+    drive_health.record(record)

@@ -80,5 +80,6 @@ def test_gids_features_reach_the_accelerator(table, target):
 @allure.feature("drive health")
 def test_drive_health(drive_health, record):
     """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, temperature and spare headroom, bytes the drive counted as written."""
-    record.add(drive_health.measurements())
+    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
+    headroom, bytes the drive counted as written."""
+    drive_health.record(record)

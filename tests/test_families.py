@@ -130,7 +130,9 @@ def test_every_family_with_a_run_has_a_subcommand_with_its_fields_as_flags(tmp_p
         proc = qual(family.subcommand, "--help", cwd=tmp_path, env=os.environ)
         assert proc.returncode == 0, proc.stderr
         helps[family.name] = proc.stdout
-    assert {"bandwidth", "integrity", "checkpoint", "gnn", "training"} <= helps.keys()
+    assert {"bandwidth", "pts", "integrity", "checkpoint", "gnn", "training"} <= helps.keys()
+    for flag in ("--mixes", "--block-sizes", "--latency-mixes", "--wsat-multiple", "--purge"):
+        assert flag in helps["pts"]
     for flag in ("--block-sizes", "--depths", "--latency-depth", "--steady-state-max-rounds"):
         assert flag in helps["bandwidth"]
     for flag in ("--generations", "--queue-depth", "--patterns"):

@@ -12,7 +12,7 @@ from qual.judge import EXIT_INCOMPLETE
 from qual.target import Target
 from qual.workloads import registry
 from qual.thresholds import load_profile
-from qual.workloads.health import DATA_UNIT, Snapshot, measurements, unavailable
+from qual.workloads.health import DATA_UNIT, Snapshot, measurements, ocp_throttling, unavailable
 
 SMART = Path(__file__).resolve().parent / "data" / "smart"
 WCTEMP_K = 343  # a drive's id-ctrl wctemp: 70 °C
@@ -43,7 +43,42 @@ def by_metric(after: str) -> dict:
 def test_a_healthy_pair_passes_every_criterion():
     assert verdicts("healthy-after") == {
         "health_critical_warning": True, "health_media_errors": True,
-        "health_temperature_headroom": True, "health_spare_headroom": True}
+        "health_temperature_headroom": True, "health_spare_headroom": True,
+        "health_thermal_transitions": True}
+
+
+def test_new_thermal_management_transitions_fail():
+    v = verdicts("throttled-after")
+    assert v["health_thermal_transitions"] is False and v["health_temperature_headroom"] is True
+    assert by_metric("throttled-after")["health_thermal_transitions"].value == 3
+
+
+def test_the_hottest_sample_through_the_run_counts_not_only_the_ends():
+    """Both ends are cool; a sample in between went past WCTEMP: the headroom is negative."""
+    trace = [{"t_s": 2.0, "temperature_k": 330, "read_bytes": 0, "write_bytes": 0},
+             {"t_s": 4.0, "temperature_k": WCTEMP_K + 4, "read_bytes": 0, "write_bytes": 1 << 30},
+             {"t_s": 6.0, "temperature_k": 325, "read_bytes": 0, "write_bytes": 2 << 30}]
+    found = {m.metric: m for m in measurements(
+        "pts", snapshot("healthy-before"), snapshot("healthy-after"), target="t",
+        wctemp_k=WCTEMP_K, kernel_written=None, trace=trace)}
+    assert found["health_temperature_headroom"].value == -4
+    assert found["health_temperature_headroom"].context["temperature_trace"] == trace
+    from qual.workloads.health import temperature_chart
+    assert temperature_chart(trace, WCTEMP_K, "t").startswith(b"\x89PNG")
+
+
+def test_the_ocp_plugins_throttling_counters_are_read_and_counted():
+    doc = json.loads((SMART / "ocp-smart-add-log.json").read_text())
+    assert ocp_throttling(doc) == (2, 1)
+    lower = {k.lower(): v for k, v in doc.items()}  # newer nvme-cli spells keys in lower case
+    assert ocp_throttling(lower) == (2, 1)
+    found = {m.metric: m for m in measurements(
+        "pts", snapshot("healthy-before"), snapshot("healthy-after"), target="t",
+        wctemp_k=WCTEMP_K, kernel_written=None, ocp=((0, 0), (2, 1)))}
+    assert found["health_thermal_transitions"].value == 2
+    assert found["health_thermal_transitions"].context["ocp_throttling"]["status_after"] == 1
+    with pytest.raises(ValueError, match="Current throttling status"):
+        ocp_throttling({"Number of Thermal throttling events": 0})
 
 
 def test_a_healthy_pair_records_what_changed():

@@ -11,7 +11,7 @@ from qual.engine.data import (aligned_empty, crc32c, crc32c_hardware, dio_alignm
                               io_uring_status, page_residency, pattern_check,
                               pattern_fill)
 from qual.engine.histogram import PERCENTILES, LatencyHistogram, bucket_index, bucket_value
-from qual.engine.job import PATTERN_UNIT, Fault, IoJob, IoResult, run_job
+from qual.engine.job import PATTERN_UNIT, Direction, Fault, IoJob, IoResult, combined, run_job
 from qual.engine.reader import SampleReader
 from qual.engine.verify import BLOCK_KINDS, BadBlock, VerifyResult, verify_block, verify_blocks
 from qual.errors import (BackendUnavailable, Cancelled, DataMismatch, DeviceIoError,
@@ -21,7 +21,7 @@ from qual.errors import (BackendUnavailable, Cancelled, DataMismatch, DeviceIoEr
 __all__ = [
     "BACKENDS", "BLOCK_KINDS", "MAX_BLOCK_SIZE", "MAX_QUEUE_DEPTH", "MAX_WORKERS", "OPS",
     "PATTERNS", "PATTERN_UNIT", "PERCENTILES", "STOP_WAIT", "UNBOUNDED", "BackendUnavailable",
-    "BadBlock", "CacheStats", "aligned_empty", "Cancelled", "DataMismatch", "DeviceIoError", "EngineStuck",
+    "BadBlock", "CacheStats", "Direction", "combined", "aligned_empty", "Cancelled", "DataMismatch", "DeviceIoError", "EngineStuck",
     "Fault", "FeatureCache", "FileResult", "InvalidJob", "IoJob", "IoResult", "LatencyHistogram",
     "NoSpace", "Progress", "QualError", "SampleReader", "Stalled", "TargetUnavailable",
     "VerifyResult", "bucket_index", "bucket_value", "chunk_count", "crc32c", "crc32c_hardware",

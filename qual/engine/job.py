@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import errno as errno_mod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from qual.engine._binding import (
     BACKEND_CODE, BACKEND_NAME, BACKENDS, JOB_OPS, MAX_BLOCK_SIZE, MAX_QUEUE_DEPTH, MAX_WORKERS,
@@ -193,6 +193,30 @@ class IoResult:
             "read": self.read.to_dict(),
             "write": self.write.to_dict(),
         }
+
+
+def combined(results: list[IoResult]) -> IoResult:
+    """Rounds of one job as one result: their operations, bytes, time, CPU and latencies
+    together, each direction apart as well."""
+    def merged(hists) -> LatencyHistogram:
+        out = LatencyHistogram()
+        for h in hists:
+            out.merge(h)
+        return out
+
+    elapsed = sum(r.elapsed for r in results)
+
+    def side(name: str) -> Direction:
+        mine = [getattr(r, name) for r in results]
+        return Direction(ops=sum(d.ops for d in mine), bytes=sum(d.bytes for d in mine),
+                         elapsed=elapsed, latency=merged(d.latency for d in mine))
+
+    return replace(results[0], bytes=sum(r.bytes for r in results),
+                   ops=sum(r.ops for r in results), elapsed=elapsed,
+                   cpu_user=sum(r.cpu_user for r in results),
+                   cpu_sys=sum(r.cpu_sys for r in results),
+                   latency=merged(r.latency for r in results), read=side("read"),
+                   write=side("write"))
 
 
 def run_job(job: IoJob, *, progress: Progress | None = None, interval: float = 0.5,

@@ -101,7 +101,9 @@ def drive_health(request, target):
     """The drive's SMART health log when the suite starts; its test_drive_health, run last,
     reads it again and records what changed."""
     family = _family_of(request.node)
-    return HealthWatch(health.Watch(target, family or request.module.__name__))
+    watch = health.Watch(target, family or request.module.__name__)
+    yield HealthWatch(watch)
+    watch.stop()  # the temperature trace ends with the suite, read or not
 
 
 class HealthWatch:
@@ -112,6 +114,16 @@ class HealthWatch:
         if self.watch.reason:
             pytest.skip(f"no SMART health log: {self.watch.reason}")
         return self.watch.measurements()
+
+    def record(self, record: Recorder) -> None:
+        """The health measurements, and the temperature trace beside the throughput."""
+        found = self.measurements()
+        record.add(found)
+        ctx = found[0].context
+        if len(ctx["temperature_trace"]) >= 2:
+            record.attach("temperature and throughput", health.temperature_chart(
+                ctx["temperature_trace"], ctx["wctemp_k"],
+                f"{self.watch.family}: drive temperature through the suite"))
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from qual.errors import QualError
 EXTRA = "QUAL_FAMILIES"
 BUILTIN = (
     "qual.workloads.bandwidth",
+    "qual.workloads.pts",
     "qual.workloads.checkpoint",
     "qual.workloads.gnn",
     "qual.workloads.training",

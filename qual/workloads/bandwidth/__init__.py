@@ -3,11 +3,10 @@ latency QoS: which cells a profile asks for, and how one cell becomes measuremen
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from qual import engine, honesty, steady
-from qual.engine import BACKENDS, IoResult, LatencyHistogram
+from qual.engine import BACKENDS, IoResult
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.workloads.base import Family, Outcome
@@ -191,7 +190,7 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
         precondition(target, table, ss["precondition_passes"], say)
         state, rounds = steady.rounds_until_steady(one_round, ss["max_rounds"])
         window = rounds[-len(state.window):]
-        result, context = _window(window)
+        result, context = merge_rounds(window)
         bw = state.mean
         iops = sum(r.iops for r, _ in window) / len(window)
         context = {**context, "steady_state": {
@@ -209,21 +208,15 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
     ]
 
 
-def _window(rounds: list[tuple[IoResult, dict]]) -> tuple[IoResult, dict]:
+def merge_rounds(rounds: list[tuple[IoResult, dict]]) -> tuple[IoResult, dict]:
     """The steady-state window as one result: its rounds' bytes, operations, time, CPU and
     latencies together, and the device's counts summed over them (every round was checked
     against its own counters as it ran; the window is proven only if each round was)."""
-    first, context = rounds[0]
-    latency = LatencyHistogram()
-    for r, _ in rounds:
-        latency.merge(r.latency)
-    result = dataclasses.replace(first, bytes=sum(r.bytes for r, _ in rounds),
-                                 ops=sum(r.ops for r, _ in rounds),
-                                 elapsed=sum(r.elapsed for r, _ in rounds),
-                                 cpu_user=sum(r.cpu_user for r, _ in rounds),
-                                 cpu_sys=sum(r.cpu_sys for r, _ in rounds), latency=latency)
+    context = rounds[0][1]
+    result = engine.combined([r for r, _ in rounds])
     context = {**context, "bytes": result.bytes, "ops": result.ops, "elapsed_s": result.elapsed,
-               "cpu_s": result.cpu, "latency_ns": latency.summary(), "rounds_in_window": len(rounds)}
+               "cpu_s": result.cpu, "latency_ns": result.latency.summary(),
+               "rounds_in_window": len(rounds)}
     truths = {c.get("device_truth") for _, c in rounds}
     if truths == {honesty.COUNTED}:
         context["device_bytes"] = sum(c["device_bytes"] for _, c in rounds)

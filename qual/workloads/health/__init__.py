@@ -1,14 +1,19 @@
 """Drive health around every workload family: the NVMe SMART / health log (`nvme smart-log -o
 json`) before and after, judged as AutoVal's nvme_validate does (reference/storage-
 qualification.md §4.2): critical warning zero, no new media errors, temperature below the
-drive's warning threshold, spare above its threshold; new error-log entries and the bytes the
-drive counted as written are recorded next to the bytes the kernel sent it."""
+drive's warning threshold, spare above its threshold, no new thermal-management transitions;
+new error-log entries and the bytes the drive counted as written are recorded next to the
+bytes the kernel sent it. While the family runs, the composite temperature is sampled (with
+the device's own throughput from its counters), so that the hottest moment counts, not only
+the two ends."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 
 from qual.workloads.base import Family
@@ -16,7 +21,8 @@ from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 
 NAME = "health"
-WATCHED = ("bandwidth", "checkpoint", "gnn", "training", "integrity")
+WATCHED = ("bandwidth", "pts", "checkpoint", "gnn", "training", "integrity")
+SAMPLE_EVERY_S = 2.0  # the temperature trace's interval
 DATA_UNIT = 512_000  # NVMe: data units are thousands of 512-byte units, rounded up
 DEFAULT_WCTEMP_K = 348  # AutoVal's bound (75 °C) where the drive reports no WCTEMP
 _FAM = Param("family", "name")
@@ -29,7 +35,11 @@ METRICS = {m.name: m for m in (
     Metric("health_error_log_entries", "count", "lower", (_FAM,),
            "new error information log entries during the workload"),
     Metric("health_temperature_headroom", "temperature", "higher", (_FAM,),
-           "the drive's warning temperature less its hottest composite reading"),
+           "the drive's warning temperature less its hottest composite reading (sampled "
+           "through the workload)"),
+    Metric("health_thermal_transitions", "count", "lower", (_FAM,),
+           "new thermal-management transitions (SMART HCTM TMT1 + TMT2, and the OCP log's "
+           "thermal throttling events where the OCP plugin reads it)"),
     Metric("health_spare_headroom", "ratio", "higher", (_FAM,),
            "available spare above the drive's spare threshold, after the workload"),
     Metric("health_host_written", "size", "lower", (_FAM,),
@@ -60,6 +70,7 @@ class Snapshot:
     media_errors: int
     error_log_entries: int
     data_units_written: int
+    thermal_transitions: int  # thm_temp1_trans_count + thm_temp2_trans_count
 
     @classmethod
     def from_json(cls, doc: dict) -> Snapshot:
@@ -79,7 +90,37 @@ class Snapshot:
                    avail_spare=field("avail_spare"), spare_thresh=field("spare_thresh"),
                    percent_used=field("percent_used"), media_errors=field("media_errors"),
                    error_log_entries=field("num_err_log_entries"),
-                   data_units_written=field("data_units_written"))
+                   data_units_written=field("data_units_written"),
+                   thermal_transitions=field("thm_temp1_trans_count") +
+                   field("thm_temp2_trans_count"))
+
+
+def ocp_throttling(doc: dict) -> tuple[int, int]:
+    """(thermal throttling events, current throttling status) from the OCP plugin's SMART /
+    Health Information Extended log (`nvme ocp smart-add-log -o json`, log C0h); nvme-cli
+    versions spell the keys in different cases. ValueError naming a missing field."""
+    lower = {str(k).lower(): v for k, v in doc.items()}
+    out = []
+    for key in ("Number of Thermal throttling events", "Current throttling status"):
+        v = lower.get(key.lower())
+        if isinstance(v, str):
+            v = int(v, 0) if v.strip() else None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"OCP smart-add-log JSON: {key!r} is {v!r}, not a whole number")
+        out.append(v)
+    return out[0], out[1]
+
+
+def read_ocp_throttling(device: str) -> tuple[int, int] | None:
+    """The OCP log's throttling counters, or None where the drive or nvme-cli has no OCP log."""
+    out = subprocess.run(["nvme", "ocp", "smart-add-log", f"/dev/{device}", "-o", "json"],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return None
+    try:
+        return ocp_throttling(json.loads(out.stdout))
+    except ValueError:
+        return None
 
 
 def unavailable(identity) -> str | None:
@@ -100,16 +141,30 @@ def read_smart_log(device: str) -> Snapshot:
 
 
 def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
-                 wctemp_k: int | None, kernel_written: int | None) -> list[Measurement]:
-    """What changed over one family's run, as measurements judged by the [health] criteria."""
+                 wctemp_k: int | None, kernel_written: int | None,
+                 trace: list[dict] | None = None,
+                 ocp: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)
+                 ) -> list[Measurement]:
+    """What changed over one family's run, as measurements judged by the [health] criteria.
+    `trace`: the temperature samples taken while it ran (their hottest counts); `ocp`: the
+    OCP log's (throttling events, status) before and after, where it could be read."""
     p = {"family": family}
     warning = wctemp_k or DEFAULT_WCTEMP_K
-    hottest = max(before.temperature_k, after.temperature_k)
+    hottest = max([before.temperature_k, after.temperature_k] +
+                  [t["temperature_k"] for t in trace or []])
     written = (after.data_units_written - before.data_units_written) * DATA_UNIT
+    transitions = after.thermal_transitions - before.thermal_transitions
+    ocp_before, ocp_after = ocp
+    if ocp_before and ocp_after:
+        transitions += ocp_after[0] - ocp_before[0]
     ctx = {"target": target, "before": before.__dict__, "after": after.__dict__,
            "wctemp_k": warning, "wctemp_source": "id-ctrl" if wctemp_k else "AutoVal 348 K",
            "critical_warning_changed": before.critical_warning != after.critical_warning,
-           "kernel_written_bytes": kernel_written}
+           "kernel_written_bytes": kernel_written, "hottest_k": hottest,
+           "temperature_trace": trace or [],
+           "ocp_throttling": None if not ocp_after else {
+               "events_before": ocp_before and ocp_before[0], "events_after": ocp_after[0],
+               "status_after": ocp_after[1]}}
     return [
         measure(NAME, METRICS["health_critical_warning"], p, after.critical_warning, context=ctx),
         measure(NAME, METRICS["health_media_errors"], p,
@@ -117,29 +172,98 @@ def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
         measure(NAME, METRICS["health_error_log_entries"], p,
                 after.error_log_entries - before.error_log_entries, context=ctx),
         measure(NAME, METRICS["health_temperature_headroom"], p, warning - hottest, context=ctx),
+        measure(NAME, METRICS["health_thermal_transitions"], p, transitions, context=ctx),
         measure(NAME, METRICS["health_spare_headroom"], p,
                 (after.avail_spare - after.spare_thresh) / 100, context=ctx),
         measure(NAME, METRICS["health_host_written"], p, written, context=ctx),
     ]
 
 
+class TemperatureTrace:
+    """The composite temperature every SAMPLE_EVERY_S while a family runs, beside the bytes
+    the device counted (its own throughput), on a helper thread; stop() ends it (and waits
+    at most one sample's nvme-cli call)."""
+
+    def __init__(self, target, every: float = SAMPLE_EVERY_S):
+        self.target, self.every = target, every
+        self.samples: list[dict] = []
+        self.problem: str | None = None
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="qual-temperature", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                snap = read_smart_log(self.target.identity.device)
+            except (ValueError, OSError, subprocess.TimeoutExpired) as e:
+                self.problem = str(e)  # a trace with gaps; the ends are still read
+                continue
+            stat = self.target.device_stat()
+            self.samples.append({
+                "t_s": time.monotonic() - self._t0, "temperature_k": snap.temperature_k,
+                "read_bytes": stat.read_bytes if stat else None,
+                "write_bytes": stat.write_bytes if stat else None})
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        self._thread.join(65)  # read_smart_log's own timeout bounds one sample
+        return list(self.samples)
+
+
 class Watch:
-    """One family's run on one target: the SMART log when it starts and when it ends."""
+    """One family's run on one target: the SMART log (and the OCP log where there is one)
+    when it starts and when it ends, and the temperature between."""
 
     def __init__(self, target, family: str):
         self.target, self.family = target, family
         self.reason = unavailable(target.identity)
         self.before = None if self.reason else read_smart_log(target.identity.device)
+        self.ocp_before = None if self.reason else read_ocp_throttling(target.identity.device)
         self.device_before = target.device_stat()
+        self.trace = None if self.reason else TemperatureTrace(target)
+
+    def stop(self) -> None:
+        if self.trace:
+            self.trace.stop()
 
     def measurements(self) -> list[Measurement]:
         if self.reason:
             raise LookupError(self.reason)
+        trace = self.trace.stop()
         after = read_smart_log(self.target.identity.device)
+        ocp_after = read_ocp_throttling(self.target.identity.device)
         device_after = self.target.device_stat()
         kernel = None
         if self.device_before is not None and device_after is not None:
             kernel = device_after.since(self.device_before)["write_bytes"]
         ctrl = self.target.identity.nvme_id_ctrl or {}
         return measurements(self.family, self.before, after, target=str(self.target.path),
-                            wctemp_k=ctrl.get("wctemp") or None, kernel_written=kernel)
+                            wctemp_k=ctrl.get("wctemp") or None, kernel_written=kernel,
+                            trace=trace, ocp=(self.ocp_before, ocp_after))
+
+
+def temperature_chart(trace: list[dict], wctemp_k: int, title: str) -> bytes:
+    """Composite temperature over the run, with the device's throughput between samples."""
+    from qual.charts import png, subplots
+
+    fig, ax = subplots(figsize=(7, 3.6))
+    t = [s["t_s"] for s in trace]
+    ax.plot(t, [s["temperature_k"] - 273 for s in trace], color="tab:red", marker=".",
+            label="composite temperature")
+    ax.axhline(wctemp_k - 273, color="tab:red", linestyle="--", label="warning (WCTEMP)")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("temperature (°C)")
+    moved = [(b["t_s"], ((b["read_bytes"] or 0) + (b["write_bytes"] or 0) - (a["read_bytes"] or 0)
+                         - (a["write_bytes"] or 0)) / (b["t_s"] - a["t_s"]) / (1 << 20))
+             for a, b in zip(trace, trace[1:]) if b["t_s"] > a["t_s"]]
+    if moved:
+        bx = ax.twinx()
+        bx.plot([m[0] for m in moved], [m[1] for m in moved], color="tab:blue",
+                label="throughput (device counters)")
+        bx.set_ylabel("throughput (MiB/s)")
+        bx.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title)
+    return png(fig)
