@@ -262,9 +262,19 @@ def cmd_report(args) -> int:
     (out / REPORT_MARK).write_text("made by qual report\n")
     built = subprocess.run([*cli, "generate", "--config", str(config), "--output",
                             str(out.resolve()), *dirs], env=env, capture_output=True, text=True)
-    # the Awesome plugin writes to --out itself or, in some layouts, to its own subfolder
-    index = next((p for p in (out / "index.html", out / "awesome" / "index.html") if p.exists()),
-                 None)
+    # the Awesome plugin writes to --out itself or, in some layouts, to its own subfolder:
+    # the report is always DIR/index.html
+    nested = out / "awesome"
+    if not (out / "index.html").exists() and (nested / "index.html").exists():
+        for part in nested.iterdir():
+            old = out / part.name  # a previous report's (the folder is qual's: REPORT_MARK)
+            if old.is_dir():
+                shutil.rmtree(old)
+            elif old.exists():
+                old.unlink()
+            part.rename(old)
+        nested.rmdir()
+    index = out / "index.html" if (out / "index.html").exists() else None
     if built.returncode != 0 or index is None:
         return fail(f"the Allure CLI could not build the report:\n{built.stdout}{built.stderr}")
     # the gate keeps state in its output folder, and counts nothing it has seen there before:
