@@ -214,20 +214,20 @@ def test_cache_counters_add_up(data):
     cache.close()
 
 
-def small_store(tmp_path, rows: int = 64):
-    """A store of random 4 KiB rows, and its bytes."""
+def small_cache(tmp_path, *, queue_depth: int, max_coalesce: int):
+    """A store of 64 random 4 KiB rows, its bytes, and a cache of 16 pages over it."""
     path = tmp_path / "features.bin"
-    rows_bytes = np.random.default_rng(0).integers(0, 256, (rows, 4096), dtype=np.uint8)
+    rows_bytes = np.random.default_rng(0).integers(0, 256, (64, 4096), dtype=np.uint8)
     path.write_bytes(rows_bytes.tobytes())
-    return path, rows_bytes
+    cache = FeatureCache(str(path), rows=64, row_bytes=4096, row_stride=4096, capacity_pages=16,
+                         queue_depth=queue_depth, max_coalesce=max_coalesce, direct=False)
+    return path, rows_bytes, cache
 
 
 def test_a_gather_far_bigger_than_the_cache_streams_every_row_through_it(tmp_path):
     """3,000 rows (repeats included) through a cache of 16 pages: reads stream while rows are
     copied out and let go of, so the cache never has to hold the gather."""
-    path, rows_bytes = small_store(tmp_path)
-    cache = FeatureCache(str(path), rows=64, row_bytes=4096, row_stride=4096, capacity_pages=16,
-                         queue_depth=8, max_coalesce=4, direct=False)
+    _, rows_bytes, cache = small_cache(tmp_path, queue_depth=8, max_coalesce=4)
     want = np.random.default_rng(1).integers(0, 64, 3000)
     out = np.empty((len(want), 4096), np.uint8)
     try:
@@ -242,9 +242,7 @@ def test_a_gather_far_bigger_than_the_cache_streams_every_row_through_it(tmp_pat
 
 
 def test_a_failed_gather_holds_nothing_and_serves_no_page_it_did_not_read(tmp_path):
-    path, rows_bytes = small_store(tmp_path)
-    cache = FeatureCache(str(path), rows=64, row_bytes=4096, row_stride=4096, capacity_pages=16,
-                         queue_depth=4, max_coalesce=2, direct=False)
+    path, rows_bytes, cache = small_cache(tmp_path, queue_depth=4, max_coalesce=2)
     want = np.random.default_rng(2).integers(0, 64, 300)
     out = np.empty((len(want), 4096), np.uint8)
     try:
