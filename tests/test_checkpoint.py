@@ -21,8 +21,8 @@ from qual.engine import DataMismatch, Fault, NoSpace, QualError
 from qual.target import Target
 from qual.thresholds import family_table
 from qual.workloads import checkpoint
-from qual.workloads.checkpoint.plan import (DTYPE_BYTES, REFERENCES, Layout, build_plan,
-                                            describe)
+from qual.workloads.checkpoint.plan import (DTYPE_BYTES, MLPERF_LAYOUTS, REFERENCES, Layout,
+                                            build_plan, describe)
 from qual.workloads.checkpoint.store import MANIFEST, CheckpointStore, IncompleteCheckpoint
 from testbed import TINY_ALL, load_record, needs_root, run_suite
 
@@ -50,6 +50,24 @@ def test_plan_sizes_match_dlio_and_mlperf(model, recipe, layout, expect):
     plan = build_plan(model, layout, recipe)
     assert round(plan.nbytes / GiB) == expect
     assert REFERENCES[(model, recipe)][0] == expect * GiB
+
+
+def test_mlperf_layouts_give_its_process_counts():
+    counts = {m: Layout(*lay[:3]).ranks for m, lay in MLPERF_LAYOUTS.items()}
+    assert counts == {"llama3.1-8b": 8, "llama3-70b-dlio": 64, "llama3.1-405b": 512,
+                      "llama3-1t": 1024}
+
+
+def test_the_1t_plan_shows_dlio_arithmetic_beside_mlperfs_table():
+    """MLPerf Storage v2.0's 1T in its layout: DLIO's formula (head size 25872 // 192 = 134)
+    gives 1.183 T parameters, 15,426 GiB at 14 B/param; the plan shows the table's "18 TB" and
+    how far DLIO's own arithmetic is from it, rather than bending either."""
+    plan = build_plan("llama3-1t", Layout(*MLPERF_LAYOUTS["llama3-1t"]), "mixed-adam")
+    assert plan.model.kv_dim == 134 * 32
+    assert plan.model.parameters() == 1_183_035_102_480
+    assert round(plan.nbytes / GiB) == 15426 and len(plan.ranks) == 1024
+    text = describe(plan)
+    assert "1,024 processes" in text and "18 TB" in text and "-14.30 %" in text
 
 
 def test_seed_recipe_gives_1636_gb_for_405b_on_tp4_pp2():
