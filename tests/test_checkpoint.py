@@ -465,3 +465,56 @@ def test_a_failing_write_leaves_the_last_good_checkpoint_restorable(tmp_path, fa
     assert not [p for p in store.root.iterdir() if p.name.endswith(".partial")]
     result = checkpoint.run(target, tiny(restore=True), passes=0)
     assert result["restore"]["intact"] and result["restore"]["path"] == str(good)
+
+
+# ------------------------------------------------------------------ write and read phases apart
+
+
+def qual_checkpoint(*args, cwd):
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "checkpoint", *args, "-q"],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+    return proc, json.loads(proc.stdout) if proc.stdout.startswith("{") else None
+
+
+def test_a_set_written_by_one_run_is_restored_bit_for_bit_by_another(tmp_path):
+    """--write-only leaves a complete set; a separate --read-only run restores it from its
+    manifest alone (plan, chunking, the data's seed) and compares every byte."""
+    target = tmp_path / "drive"
+    target.mkdir()
+    proc, doc = qual_checkpoint("--target", str(target), "--model", "llama3.1-8b", "--tp", "2",
+                                "--scale", "1e-4", "--write-only", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "restore_s" not in doc and doc["kept"] == ["ckpt-000001"]
+    ckpt = target / "qual-checkpoints" / "ckpt-000001"
+    proc, back = qual_checkpoint("--read-only", str(ckpt), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert back["verified"] is True and back["restore_errors"] == []
+    assert back["crc_checked_bytes"] == back["byte_compared_bytes"] == back["bytes"] == doc["bytes"]
+    with open(ckpt / "rank-00001.bin", "r+b") as f:  # one flipped bit: the next read says so
+        f.seek(4096)
+        b = f.read(1)
+        f.seek(4096)
+        f.write(bytes([b[0] ^ 0x10]))
+    proc, bad = qual_checkpoint("--read-only", str(ckpt), "--json", cwd=tmp_path)
+    assert proc.returncode == 1 and bad["verified"] is False
+    assert any("rank 1" in e for e in bad["restore_errors"])
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing rank", "rank-00001.bin is missing: the set is incomplete"),
+    ("foreign manifest", "not qual's (no qual-ckpt/1 format field)"),
+    ("never committed", "never committed"),
+])
+def test_read_only_refuses_an_incomplete_or_foreign_set(tmp_path, damage, message):
+    checkpoint.run(Target(tmp_path), tiny())
+    ckpt = tmp_path / "qual-checkpoints" / "ckpt-000001"
+    if damage == "missing rank":
+        (ckpt / "rank-00001.bin").unlink()
+    elif damage == "foreign manifest":
+        (ckpt / MANIFEST).write_text(json.dumps({"model": "someone else's"}))
+    else:
+        ckpt = ckpt.rename(ckpt.with_name("ckpt-000001.partial"))
+    before = sorted((p.name, p.stat().st_size) for p in ckpt.iterdir())
+    proc, _ = qual_checkpoint("--read-only", str(ckpt), cwd=tmp_path)
+    assert proc.returncode == 1 and message in proc.stderr
+    assert sorted((p.name, p.stat().st_size) for p in ckpt.iterdir()) == before

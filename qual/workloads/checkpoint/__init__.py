@@ -66,6 +66,11 @@ FIELDS = (
     Field("utilisation", "ratio", default="60 %"),
     Field("retention", "count", default=2, help="checkpoints kept after each pass"),
     Field("restore", "bool", default=True),
+    Field("write_only", "bool", default=False,
+          help="write the checkpoints and stop: a complete set for a later --read-only"),
+    Field("read_only", "text", default=None,
+          help="a checkpoint directory (the one holding manifest.json), written by an earlier "
+               "run or another host, to restore and verify; nothing is written"),
     Field("baseline", "bool", default=True, help="torch.save and torch.load for comparison"),
     Field("baseline_bytes", "size", default="512 MiB", help="per rank, for the torch baseline"),
     Field("chunk_size", "size", default="8 MiB", minimum=4096),
@@ -211,10 +216,14 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     """The checkpoint workload on a target's folder; returns rank 0's results. Launched by
     torchrun (RANK and WORLD_SIZE set), this process is one rank and only rank 0 returns
     results; otherwise the ranks are started here, one process each."""
+    if table.get("read_only"):
+        return read_back(Path(table["read_only"]), table, seed=seed, progress=progress)
     folder = target.directory
     if folder is None:
         raise TargetUnavailable(errno.ENOTSUP, "checkpoints need a filesystem: give a "
                                 "directory on the drive", target=target.spec)
+    if table["write_only"]:
+        table = {**table, "restore": False, "baseline": False}
     plan = plan_of(table)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     leader = not torchrun or os.environ["RANK"] == "0"
@@ -260,6 +269,35 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     result["passes"] = passes
     result["store"] = str(store.root)
     return CheckpointOutcome(result, target=str(target.path))
+
+
+def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> CheckpointOutcome:
+    """Restore and verify one committed checkpoint that an earlier run (or another host)
+    wrote: its plan, chunking, alignment and data seed come from its manifest, which is
+    checked first (committed, intact, every rank file present); nothing is written."""
+    manifest = CheckpointStore(ckpt.parent.parent).load(ckpt)  # refuses before any rank starts
+    p = manifest["plan"]
+    processes = table["ranks"] or len(manifest["ranks"])
+    st = os.stat(ckpt)
+    workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
+    (workdir / "errors").mkdir()
+    job = {"root": str(ckpt.parent.parent), "restore_path": str(ckpt),
+           "plan": {k: p[k] for k in ("model", "tp", "pp", "dp", "zero", "recipe", "scale")},
+           "passes": 0, "per_pass": 0, "retention": 0, "restore": True, "baseline": False,
+           "baseline_bytes": 0, "chunk_size": manifest["chunk_size"],
+           "queue_depth": table["queue_depth"], "align": manifest["align"],
+           "backend": table["backend"], "direct": True,
+           "pool": manifest.get("pool", table["pool"]), "seed": manifest.get("seed"),
+           "timeout_s": table["timeout"], "result": str(workdir / "result.json"),
+           "errors": str(workdir / "errors"),
+           "device": f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+           if processes == p["ranks"] and os.major(st.st_dev) else None}
+    try:
+        result = launch(job, processes, workdir, progress)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    result.update(per_pass=0, passes=0, store=str(ckpt.parent))
+    return CheckpointOutcome(result, target=str(ckpt))
 
 
 def remove(target: Target) -> None:
@@ -358,15 +396,14 @@ class CheckpointOutcome(ResultOutcome):
         return out
 
     def document(self) -> dict:
-        cps = self["checkpoints"]
-        size = cps[0]["bytes"] if cps else 0
+        cps, r = self["checkpoints"], self["restore"]
+        size = cps[0]["bytes"] if cps else r["bytes"] if r else 0  # read-only: what it restored
         seconds = [c["seconds"] for c in cps]
         doc = {"bytes": size, "ranks": self["world"], "plan": self["plan"],
                "backend": cps[0]["backend"] if cps else None, "write_s": seconds,
                "write_bw_bytes": size * len(seconds) / sum(seconds) if seconds else 0.0,
                "zero_copy_bytes": [c["zero_copy_bytes"] for c in cps],
                "store": self["store"], "kept": self["kept"]}
-        r = self["restore"]
         if r:
             doc.update(restore_s=r["seconds"], restore_bw_bytes=r["bytes"] / r["seconds"]
                        if r["bytes"] else 0.0, verified=r["intact"], restore_errors=r["errors"],
@@ -393,6 +430,9 @@ class CheckpointOutcome(ResultOutcome):
             out.append(f"torch.save + fsync: {doc['torch_save_bw_bytes'] / 1e9:.2f} GB/s, "
                        f"torch.load: {doc['torch_load_bw_bytes'] / 1e9:.2f} GB/s")
         out.append(f"kept in {doc['store']}: {', '.join(doc['kept'])}")
+        if self["checkpoints"] and not self["restore"]:
+            out.append(f"read it back (here or on another host) with: qual checkpoint "
+                       f"--read-only {Path(doc['store']) / doc['kept'][-1]}")
         return out
 
     def charts(self) -> dict[str, bytes]:
@@ -422,6 +462,12 @@ def _flags(p) -> None:
                    help="processes on this host (default: every rank of the layout)")
     p.add_argument("--count", type=_positive, default=1, help="checkpoints to write")
     p.add_argument("--restore", action="store_true", help="restore and verify the last one")
+    phase = p.add_mutually_exclusive_group()
+    phase.add_argument("--write-only", action="store_true",
+                       help="write and stop: a complete set for a later --read-only")
+    phase.add_argument("--read-only", metavar="DIR", default=None,
+                       help="restore and verify the checkpoint in DIR (the directory holding "
+                            "manifest.json), written by an earlier run or another host")
     p.add_argument("--baseline", action="store_true",
                    help="also time torch.save and torch.load of the same tensors")
     p.add_argument("--keep", type=_positive, default=2, help="checkpoints kept (default 2)")
@@ -434,7 +480,8 @@ def _given(args) -> dict:
     return {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
             "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
             "passes": 1, "per_pass": args.count, "retention": args.keep,
-            "restore": args.restore, "baseline": args.baseline}
+            "restore": args.restore, "baseline": args.baseline, "write_only": args.write_only,
+            "read_only": args.read_only}
 
 
 FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",

@@ -125,14 +125,17 @@ class CheckpointStore:
             raise DataMismatch(errno.EBADMSG, f"manifest is corrupt (not JSON: {e})",
                                target=str(path)) from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise DataMismatch(errno.EBADMSG, "manifest is corrupt (no qual-ckpt/1 format field)",
-                               target=str(path))
+            raise DataMismatch(errno.EBADMSG, "manifest is corrupt or not qual's (no qual-ckpt/1 "
+                               "format field): refusing to restore it", target=str(path))
         if manifest.get("crc32c") != engine.crc32c(_canonical(manifest)):
             raise DataMismatch(errno.EBADMSG, "manifest is corrupt: its CRC32C does not match "
                                "its content", target=str(path))
         for r in manifest["ranks"]:
             data = ckpt / r["file"]
-            size = data.stat().st_size if data.exists() else None
+            if not data.exists():
+                raise IncompleteCheckpoint(errno.ENOENT, f"{r['file']} is missing: the set is "
+                                           "incomplete, refusing to restore it", target=str(ckpt))
+            size = data.stat().st_size
             if size != r["file_size"]:
                 raise DataMismatch(errno.EBADMSG, f"{r['file']} holds {size} bytes, the "
                                    f"manifest says {r['file_size']}", target=str(ckpt))
