@@ -518,3 +518,24 @@ def test_read_only_refuses_an_incomplete_or_foreign_set(tmp_path, damage, messag
     proc, _ = qual_checkpoint("--read-only", str(ckpt), cwd=tmp_path)
     assert proc.returncode == 1 and message in proc.stderr
     assert sorted((p.name, p.stat().st_size) for p in ckpt.iterdir()) == before
+
+
+@needs_root
+def test_the_mlperf_v2_procedure_reads_every_checkpoint_back_from_the_device(tmp_path,
+                                                                            loop_device):
+    """MLPerf Storage v2.0 on a loop-mounted ext4: 10 writes, the cache cleared, 10 reads,
+    every read byte counted by the device; the figures under DLIO's summary names."""
+    folder = loop_device.mount(loop_device(256 << 20))
+    result = checkpoint.run(Target(folder), tiny(procedure="mlperf-v2", per_pass=10, runs=1))
+    doc = result.document()
+    (run,) = doc["runs"]
+    assert run["checkpoints_written"] == run["checkpoints_read"] == 10 and doc["verified"]
+    assert run["read_bytes"] == 10 * doc["bytes"]
+    assert run["device_read_bytes"] >= 0.95 * run["read_bytes"]  # not one served from cache
+    assert doc["load_checkpoint_io_mean_GB_per_second"] > 0
+    found = {m.id: m for m in result.measurements()}
+    assert {"save_checkpoint_duration", "save_checkpoint_io", "load_checkpoint_duration",
+            "load_checkpoint_io", "ckpt_restore_intact"} == found.keys()
+    assert found["load_checkpoint_io"].context["runs"] == [run["load_checkpoint_io_mean_GB_per_second"]]
+    assert found["load_checkpoint_io"].context["device_truth"] == "counted"
+    assert found["ckpt_restore_intact"].value == 1.0

@@ -30,6 +30,8 @@ from qual.workloads.checkpoint.store import CheckpointStore
 
 NAME = "checkpoint"
 _PASS, _INDEX = Param("pass", "count"), Param("index", "count")
+MLPERF_CHECKPOINTS = 10  # MLPerf Storage v2.0: 10 writes, then 10 reads, per run
+GIB = 1 << 30  # DLIO's and mlpstorage's "GB" in these figures is GiB
 
 METRICS = {m.name: m for m in (
     Metric("ckpt_write_s", "time", "lower", (_PASS,),
@@ -48,6 +50,17 @@ METRICS = {m.name: m for m in (
     Metric("torch_load_bw", "bandwidth", "higher", (), "torch.load from a cold cache"),
     Metric("ckpt_save_speedup", "ratio", "higher", (), "native write over torch.save bandwidth"),
     Metric("ckpt_load_speedup", "ratio", "higher", (), "native restore over torch.load bandwidth"),
+    # MLPerf Storage v2.0's figures, named as DLIO's summary names them: per checkpoint the
+    # slowest rank's seconds and the slowest rank's throughput, averaged over a run's
+    # checkpoints, then over the runs (what MLPerf reports; each run's are in the context)
+    Metric("save_checkpoint_duration", "time", "lower", (),
+           "MLPerf: checkpoint write seconds, slowest rank, mean over checkpoints and runs"),
+    Metric("save_checkpoint_io", "bandwidth", "higher", (),
+           "MLPerf: checkpoint write throughput, slowest rank, mean over checkpoints and runs"),
+    Metric("load_checkpoint_duration", "time", "lower", (),
+           "MLPerf: checkpoint read seconds (cache cleared), slowest rank, mean over them"),
+    Metric("load_checkpoint_io", "bandwidth", "higher", (),
+           "MLPerf: checkpoint read throughput (cache cleared), slowest rank, mean over them"),
 )}
 
 FIELDS = (
@@ -66,6 +79,10 @@ FIELDS = (
     Field("utilisation", "ratio", default="60 %"),
     Field("retention", "count", default=2, help="checkpoints kept after each pass"),
     Field("restore", "bool", default=True),
+    Field("procedure", "choice", default="passes", choices=("passes", "mlperf-v2"),
+          help="passes: seed 004's passes that fill the target; mlperf-v2: MLPerf Storage "
+               "v2.0's runs of per_pass writes (10), cache cleared, then as many reads"),
+    Field("runs", "count", default=5, help="mlperf-v2: runs (MLPerf: 5, averaged)"),
     Field("write_only", "bool", default=False,
           help="write the checkpoints and stop: a complete set for a later --read-only"),
     Field("read_only", "text", default=None,
@@ -107,6 +124,10 @@ def _check(table: dict) -> list[tuple[str, str]]:
 
 
 def _cells(table: dict) -> list[str]:
+    if table["procedure"] == "mlperf-v2":
+        names = ("save_checkpoint_duration", "save_checkpoint_io", "load_checkpoint_duration",
+                 "load_checkpoint_io")
+        return [*names, "ckpt_restore_intact"]
     ids = []
     for p in range(1, table["passes"] + 1):
         for name in ("ckpt_write_s", "ckpt_write_bw", "ckpt_rank_bw_min"):
@@ -234,7 +255,16 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
         store.create()
         store.remove_partials()  # what an interrupted earlier run left
     passes = table["passes"] if passes is None else passes
-    if per_pass is None:
+    mlperf = table["procedure"] == "mlperf-v2"
+    if mlperf:
+        per_pass = per_pass or table["per_pass"] or MLPERF_CHECKPOINTS
+        need = per_pass * sum(r.nbytes for r in plan.ranks[:processes])
+        if leader and shutil.disk_usage(folder).free < need:  # all of a run's writes stay
+            raise NoSpace(errno.ENOSPC, f"a run of {per_pass} checkpoints needs "
+                          f"{need / 1e9:.3g} GB, and {folder} has "
+                          f"{shutil.disk_usage(folder).free / 1e9:.3g} GB free",
+                          target=str(folder))
+    elif per_pass is None:
         per_pass = checkpoints_per_pass(table, folder, plan.nbytes) if leader else 0
     st = os.stat(folder)
     one_host = processes == plan.layout.ranks and \
@@ -244,6 +274,7 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     job = {"root": str(folder), "plan": {k: table[k] for k in
                                          ("model", "tp", "pp", "dp", "zero", "recipe", "scale")},
            "passes": passes, "per_pass": per_pass, "retention": table["retention"],
+           "procedure": table["procedure"], "runs": table["runs"],
            "restore": table["restore"], "baseline": table["baseline"],
            "baseline_bytes": table["baseline_bytes"], "chunk_size": table["chunk_size"],
            "queue_depth": table["queue_depth"], "align": max(4096, target.align),
@@ -266,7 +297,7 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
         if leader:
             store.remove_partials()
     result["per_pass"] = per_pass
-    result["passes"] = passes
+    result["passes"] = 0 if mlperf else passes
     result["store"] = str(store.root)
     return CheckpointOutcome(result, target=str(target.path))
 
@@ -384,10 +415,79 @@ def baseline_measurements(result: dict, target: str) -> list[Measurement]:
     return out
 
 
+def _slowest(rec: dict) -> tuple[float, float]:
+    """MLPerf's figures of one checkpoint: the slowest rank's seconds and the slowest rank's
+    throughput (the minimum over ranks of its bytes over its seconds)."""
+    return max(rec["rank_seconds"]), min(b / s for b, s in zip(rec["rank_bytes"],
+                                                              rec["rank_seconds"]) if s > 0)
+
+
+def mlperf_summary(result: dict) -> dict:
+    """Per run and over the runs, the four figures under DLIO's summary names (GB = GiB)."""
+    runs = []
+    for r in result["mlperf"]:
+        w = [_slowest(c) for c in r["writes"]]
+        rd = [_slowest(c) for c in r["reads"] if c["bytes"]]
+        mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+        runs.append({
+            "run": r["run"], "checkpoints_written": len(w), "checkpoints_read": len(rd),
+            "verified": all(c["intact"] for c in r["reads"]),
+            "read_bytes": sum(c["bytes"] for c in r["reads"]),
+            # the cache clear's proof: what the device itself counted (None: no device to ask)
+            "device_read_bytes": None if any(c["device"] is None for c in r["reads"])
+            else sum(c["device"]["read_bytes"] for c in r["reads"]),
+            "save_checkpoint_duration_mean_seconds": mean([d for d, _ in w]),
+            "save_checkpoint_io_mean_GB_per_second": mean([t for _, t in w]) / GIB,
+            "load_checkpoint_duration_mean_seconds": mean([d for d, _ in rd]),
+            "load_checkpoint_io_mean_GB_per_second": mean([t for _, t in rd]) / GIB,
+            "errors": [e for c in r["reads"] for e in c["errors"]]})
+    keys = [k for k in runs[0] if k.endswith(("_seconds", "_second"))] if runs else []
+    return {"runs": runs, "verified": bool(runs) and all(r["verified"] for r in runs),
+            **{k: sum(r[k] for r in runs) / len(runs) for k in keys}}
+
+
+def mlperf_measurements(result: dict, target: str) -> list[Measurement]:
+    """The MLPerf figures per run and over the runs; every write and every read checked
+    against the device's own counters (a read the page cache served is not a read)."""
+    summary = mlperf_summary(result)
+    common = {"target": target, "world": result["world"], "plan": result["plan"],
+              "checkpoints_per_run": result["per_pass"], "procedure": "mlperf-v2"}
+    truths = []
+    for r in result["mlperf"]:
+        for c in r["writes"]:
+            truths.append(honesty.check_device(c["device"], "write_bytes", c["bytes"],
+                                               "checkpoint writes", target)["device_truth"])
+        for c in r["reads"]:
+            if c["bytes"]:
+                truths.append(honesty.check_device(c["device"], "read_bytes", c["bytes"],
+                                                   "checkpoint reads (cache cleared)",
+                                                   target)["device_truth"])
+    ctx = {**common, "device_truth": next((t for t in truths if t != honesty.COUNTED),
+                                          honesty.COUNTED)}
+    names = {"save_checkpoint_duration": "save_checkpoint_duration_mean_seconds",
+             "save_checkpoint_io": "save_checkpoint_io_mean_GB_per_second",
+             "load_checkpoint_duration": "load_checkpoint_duration_mean_seconds",
+             "load_checkpoint_io": "load_checkpoint_io_mean_GB_per_second"}
+    out = []
+    for metric, key in names.items():
+        scale = GIB if key.endswith("_second") else 1  # GiB/s to bytes/s
+        out.append(measure(NAME, METRICS[metric], {}, summary[key] * scale,
+                           context={**ctx, "mlperf_name": key,
+                                    "runs": [r[key] for r in summary["runs"]]},
+                           samples=[r[key] * scale for r in summary["runs"]]))
+    out.append(measure(NAME, METRICS["ckpt_restore_intact"], {},
+                       1.0 if summary["verified"] else 0.0,
+                       context={**common, "errors": [e for r in summary["runs"]
+                                                     for e in r["errors"]]}))
+    return out
+
+
 class CheckpointOutcome(ResultOutcome):
     """Rank 0's results (a dict, as the ranks report them) and the protocol's views of them."""
 
     def measurements(self) -> list[Measurement]:
+        if self.get("mlperf") is not None:
+            return mlperf_measurements(self, self.target)
         out = pass_measurements(self, self.target)
         if self["restore"]:
             out += restore_measurements(self, self.target)
@@ -396,6 +496,12 @@ class CheckpointOutcome(ResultOutcome):
         return out
 
     def document(self) -> dict:
+        if self.get("mlperf") is not None:
+            summary = mlperf_summary(self)
+            return {"procedure": "mlperf-v2", "bytes": sum(self["rank_bytes"]),
+                    "ranks": self["world"], "plan": self["plan"],
+                    "checkpoints_per_run": self["per_pass"], **summary,
+                    "store": self["store"], "kept": self["kept"]}
         cps, r = self["checkpoints"], self["restore"]
         size = cps[0]["bytes"] if cps else r["bytes"] if r else 0  # read-only: what it restored
         seconds = [c["seconds"] for c in cps]
@@ -417,6 +523,19 @@ class CheckpointOutcome(ResultOutcome):
 
     def lines(self) -> list[str]:
         doc = self.document()
+        if self.get("mlperf") is not None:
+            return [f"run {r['run']}: {r['checkpoints_written']} writes "
+                    f"{r['save_checkpoint_duration_mean_seconds']:.2f} s "
+                    f"({r['save_checkpoint_io_mean_GB_per_second']:.2f} GiB/s), "
+                    f"{r['checkpoints_read']} reads {r['load_checkpoint_duration_mean_seconds']:.2f} s "
+                    f"({r['load_checkpoint_io_mean_GB_per_second']:.2f} GiB/s), verified: "
+                    f"{r['verified']}" for r in doc["runs"]] + [
+                f"MLPerf Storage v2.0 ({len(doc['runs'])} runs, slowest rank): write "
+                f"{doc['save_checkpoint_duration_mean_seconds']:.2f} s, "
+                f"{doc['save_checkpoint_io_mean_GB_per_second']:.2f} GiB/s; read "
+                f"{doc['load_checkpoint_duration_mean_seconds']:.2f} s, "
+                f"{doc['load_checkpoint_io_mean_GB_per_second']:.2f} GiB/s; verified: "
+                f"{doc['verified']}"]
         gb = doc["bytes"] / 1e9
         out = [f"checkpoint {i}: {gb:.3f} GB in {s:.2f} s ({gb / s:.2f} GB/s) [{doc['backend']}]"
                for i, s in enumerate(doc["write_s"], 1)]
@@ -440,6 +559,8 @@ class CheckpointOutcome(ResultOutcome):
             else {}
 
     def exit_status(self) -> int:
+        if self.get("mlperf") is not None:
+            return 0 if mlperf_summary(self)["verified"] else 1
         return 1 if self["restore"] and not self["restore"]["intact"] else 0
 
 
@@ -460,7 +581,12 @@ def _flags(p) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="shrink every tensor (0 < s <= 1)")
     p.add_argument("--ranks", type=int, default=0,
                    help="processes on this host (default: every rank of the layout)")
-    p.add_argument("--count", type=_positive, default=1, help="checkpoints to write")
+    p.add_argument("--count", type=_positive, default=None,
+                   help="checkpoints to write (default 1; with --procedure mlperf-v2, 10 a run)")
+    p.add_argument("--procedure", choices=("passes", "mlperf-v2"), default="passes",
+                   help="mlperf-v2: MLPerf Storage v2.0's runs: --count writes, the page cache "
+                        "cleared, then as many reads, verified; --runs of them")
+    p.add_argument("--runs", type=_positive, default=5, help="mlperf-v2 runs (default 5)")
     p.add_argument("--restore", action="store_true", help="restore and verify the last one")
     phase = p.add_mutually_exclusive_group()
     phase.add_argument("--write-only", action="store_true",
@@ -479,7 +605,8 @@ def _flags(p) -> None:
 def _given(args) -> dict:
     return {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
             "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
-            "passes": 1, "per_pass": args.count, "retention": args.keep,
+            "passes": 1, "retention": args.keep, "procedure": args.procedure, "runs": args.runs,
+            "per_pass": args.count or (MLPERF_CHECKPOINTS if args.procedure == "mlperf-v2" else 1),
             "restore": args.restore, "baseline": args.baseline, "write_only": args.write_only,
             "read_only": args.read_only}
 

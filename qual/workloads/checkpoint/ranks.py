@@ -156,12 +156,12 @@ class Rank:
                 "zero_copy_bytes": sum(t["zero_copy_bytes"] for t in timing),
                 "device": honesty.between(before, after)}
 
-    def restore(self) -> dict | None:
-        """Read back the newest committed checkpoint (or the job's restore_path) into fresh
-        memory and compare."""
+    def restore(self, path: str | None = None) -> dict | None:
+        """Read back a committed checkpoint (`path`, the job's restore_path, else the newest)
+        into fresh memory and compare."""
         found = None
         if self.rank == 0:
-            given = self.job.get("restore_path")
+            given = path or self.job.get("restore_path")
             done = [Path(given)] if given else self.store.complete()
             try:
                 if not done:
@@ -214,6 +214,8 @@ class Rank:
         after = self.device()
         return {"path": found.get("path"), "seconds": max(r["seconds"] for r in everyone),
                 "bytes": sum(r["bytes"] for r in everyone),
+                "rank_seconds": [r["seconds"] for r in everyone],
+                "rank_bytes": [r["bytes"] for r in everyone],
                 "zero_copy_bytes": sum(r["zero_copy_bytes"] for r in everyone),
                 "intact": all(r["intact"] for r in everyone),
                 "errors": [f"rank {r['rank']}: {r['error']}" for r in everyone if r["error"]],
@@ -270,6 +272,24 @@ class Rank:
                 "load_device": honesty.between(before, after),
                 "round_trip_equal": all(r["same"] for r in everyone)}
 
+    def mlperf_runs(self, seq: int) -> list[dict]:
+        """MLPerf Storage v2.0: per run, `per_pass` checkpoint writes, then every rank's files
+        evicted from the page cache, then a read of each of them, verified; the set is pruned
+        to the retention after each run."""
+        runs = []
+        for run in range(1, self.job["runs"] + 1):
+            names = [f"ckpt-{seq + i:06d}" for i in range(self.job["per_pass"])]
+            seq += len(names)
+            writes = [self.write(name) for name in names]
+            self.say(f"run {run}/{self.job['runs']}: {len(names)} checkpoints written; "
+                     "reading them back from the device")
+            reads = [self.restore(str(self.store.root / name)) for name in names]
+            if self.rank == 0:
+                runs.append({"run": run, "writes": writes, "reads": reads})
+                self.store.prune(self.job["retention"])
+            self.dist.barrier()
+        return runs
+
     def run(self) -> dict | None:
         job = self.job
         # rank 0 decides where numbering starts and how many checkpoints a pass holds: ranks
@@ -277,6 +297,17 @@ class Rank:
         start, per_pass = self.broadcast((self.store.next_name(), job["per_pass"])
                                          if self.rank == 0 else None)
         seq = int(start.split("-")[1])
+        if job.get("procedure") == "mlperf-v2":
+            runs = self.mlperf_runs(seq)
+            if self.rank != 0:
+                return None
+            return {"plan": self.plan.summary(), "world": self.world,
+                    "rank_bytes": [r.nbytes for r in self.plan.ranks[:self.world]],
+                    "pool_bytes": self.pool_bytes,
+                    "data_period": self.pool_bytes if self.pool_bytes < self.image else None,
+                    "checkpoints": [],
+                    "restore": None, "torch": None, "mlperf": runs,
+                    "kept": [p.name for p in self.store.complete()]}
         checkpoints = []
         total = job["passes"] * per_pass
         for p in range(1, job["passes"] + 1):
