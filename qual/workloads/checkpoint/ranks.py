@@ -299,15 +299,7 @@ class Rank:
         seq = int(start.split("-")[1])
         if job.get("procedure") == "mlperf-v2":
             runs = self.mlperf_runs(seq)
-            if self.rank != 0:
-                return None
-            return {"plan": self.plan.summary(), "world": self.world,
-                    "rank_bytes": [r.nbytes for r in self.plan.ranks[:self.world]],
-                    "pool_bytes": self.pool_bytes,
-                    "data_period": self.pool_bytes if self.pool_bytes < self.image else None,
-                    "checkpoints": [],
-                    "restore": None, "torch": None, "mlperf": runs,
-                    "kept": [p.name for p in self.store.complete()]}
+            return self.results(mlperf=runs) if self.rank == 0 else None
         checkpoints = []
         total = job["passes"] * per_pass
         for p in range(1, job["passes"] + 1):
@@ -326,12 +318,16 @@ class Rank:
         baseline = self.torch_baseline() if job["baseline"] else None
         if self.rank != 0:
             return None
+        return self.results(checkpoints=checkpoints, restore=restore, torch=baseline)
+
+    def results(self, *, checkpoints=(), restore=None, torch=None, mlperf=None) -> dict:
+        """Rank 0's results document."""
         return {"plan": self.plan.summary(), "world": self.world,
                 "rank_bytes": [r.nbytes for r in self.plan.ranks[:self.world]],
                 "pool_bytes": self.pool_bytes,
                 "data_period": self.pool_bytes if self.pool_bytes < self.image else None,
-                "checkpoints": checkpoints, "restore": restore, "torch": baseline,
-                "kept": [p.name for p in self.store.complete()]}
+                "checkpoints": list(checkpoints), "restore": restore, "torch": torch,
+                "mlperf": mlperf, "kept": [p.name for p in self.store.complete()]}
 
 
 def _write_json(path: Path, doc: dict) -> None:
