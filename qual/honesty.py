@@ -7,7 +7,7 @@ import errno
 import math
 import re
 
-from qual.engine import IoResult, QualError
+from qual.engine import IoResult, QualError, run_job
 from qual.target import DeviceStat, Identity
 from qual.units import format_quantity
 
@@ -100,6 +100,16 @@ def check_io(result: IoResult, device: dict | None, identity: Identity) -> dict:
     writes = check_device(device, "write_bytes", result.write.bytes if job.direct else 0,
                           f"the writes of O_DIRECT {job.rw}", job.target)
     return {**checked, **reads, "device_write_bytes": writes.get("device_bytes")}
+
+
+def run_checked(target, job) -> tuple[IoResult, dict]:
+    """Prepare and run a job on a target, and check what it did against the device's own
+    counters and the link: the result, and what was checked (ImplausibleMeasurement if the
+    result cannot be the device's)."""
+    job = target.prepare(job)
+    before = target.device_stat()
+    result = run_job(job)
+    return result, check_io(result, between(before, target.device_stat()), target.identity)
 
 
 def samples_needed(pct: float) -> int:

@@ -138,12 +138,7 @@ def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int,
                      size=size, runtime=runtime, bytes=samples * bs if samples else None,
                      backend=table["backend"], seed=seed,
                      command_timeout=table["command_timeout"])
-    job = target.prepare(job)
-    before = target.device_stat()
-    result = engine.run_job(job)
-    after = target.device_stat()
-    device = after.since(before) if before and after else None
-    checked = honesty.check_io(result, device, target.identity)
+    result, checked = honesty.run_checked(target, job)
     context = {"target": job.target, "backend": result.backend, "rw": job.rw, "bs": bs, "qd": qd,
                "workers": job.workers, "bytes": result.bytes, "ops": result.ops,
                "elapsed_s": result.elapsed, "cpu_s": result.cpu, "region_bytes": size,

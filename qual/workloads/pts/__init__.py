@@ -131,12 +131,7 @@ def _run_point(target: Target, table: dict, point: Point, *, seed: int,
                      block_size=point.bs, queue_depth=point.depth, workers=point.workers,
                      submit_batch=1, size=table["size"], runtime=runtime, bytes=nbytes,
                      backend=table["backend"], seed=seed, command_timeout=table["command_timeout"])
-    job = target.prepare(job)
-    before = target.device_stat()
-    result = engine.run_job(job)
-    after = target.device_stat()
-    checked = honesty.check_io(result, after.since(before) if before and after else None,
-                               target.identity)
+    result, checked = honesty.run_checked(target, job)
     context = {"target": job.target, "backend": result.backend, "rw": job.rw,
                "rwmixread": point.rwmix, "bs": point.bs, "workers": point.workers,
                "qd": point.depth, "bytes": result.bytes, "ops": result.ops,
