@@ -142,7 +142,7 @@ def read_smart_log(device: str) -> Snapshot:
 
 def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
                  wctemp_k: int | None, kernel_written: int | None,
-                 trace: list[dict] | None = None,
+                 trace: list[dict] | None = None, trace_problem: str | None = None,
                  ocp: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)
                  ) -> list[Measurement]:
     """What changed over one family's run, as measurements judged by the [health] criteria.
@@ -161,7 +161,7 @@ def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
            "wctemp_k": warning, "wctemp_source": "id-ctrl" if wctemp_k else "AutoVal 348 K",
            "critical_warning_changed": before.critical_warning != after.critical_warning,
            "kernel_written_bytes": kernel_written, "hottest_k": hottest,
-           "temperature_trace": trace or [],
+           "temperature_trace": trace or [], "temperature_trace_problem": trace_problem,
            "ocp_throttling": None if not ocp_after else {
                "events_before": ocp_before and ocp_before[0], "events_after": ocp_after[0],
                "status_after": ocp_after[1]}}
@@ -198,8 +198,8 @@ class TemperatureTrace:
             try:
                 snap = read_smart_log(self.target.identity.device)
             except (ValueError, OSError, subprocess.TimeoutExpired) as e:
-                self.problem = str(e)  # a trace with gaps; the ends are still read
-                continue
+                self.problem = str(e)  # a gap in the trace, said in the record; the ends
+                continue               # are read all the same
             stat = self.target.device_stat()
             self.samples.append({
                 "t_s": time.monotonic() - self._t0, "temperature_k": snap.temperature_k,
@@ -241,7 +241,8 @@ class Watch:
         ctrl = self.target.identity.nvme_id_ctrl or {}
         return measurements(self.family, self.before, after, target=str(self.target.path),
                             wctemp_k=ctrl.get("wctemp") or None, kernel_written=kernel,
-                            trace=trace, ocp=(self.ocp_before, ocp_after))
+                            trace=trace, trace_problem=self.trace.problem,
+                            ocp=(self.ocp_before, ocp_after))
 
 
 def temperature_chart(trace: list[dict], wctemp_k: int, title: str) -> bytes:
