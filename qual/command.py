@@ -85,15 +85,10 @@ def _settings(family: Family, args, profile):
     if profile and base is None:
         raise ProfileError([(profile.path.name, family.name,
                              f"the profile has no [{family.name}] table")])
-    merged = _merge(dict(base or {}), given)
-    return family_table(family, merged, label=profile.path.name if profile else "flags")
-
-
-def _merge(base: dict, over: dict) -> dict:
-    for k, v in over.items():
-        base[k] = _merge(dict(base[k]), v) if isinstance(v, dict) and isinstance(
-            base.get(k), dict) else v
-    return base
+    if family.flags and not profile:
+        given = {**family.flags.defaults(given), **given}
+    # the profile's table is parsed already: only the flags are parsed here
+    return family_table(family, given, base=base, label="flags")
 
 
 def run(args, families: dict[str, Family]) -> int:

@@ -228,12 +228,14 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    peak_read_bw=info.get("peak_read_bw", {}))
 
 
-def family_table(fam: Family, given: dict, *, label: str = "flags") -> Settings:
-    """A workload family's settings from plain values (command-line flags, tests), checked and
-    completed with defaults as a profile's would be; ProfileError lists every problem."""
+def family_table(fam: Family, given: dict, *, base: dict | None = None,
+                 label: str = "flags") -> Settings:
+    """A workload family's settings from plain values (command-line flags, tests) over a
+    profile's already parsed table (base, if any), checked and completed with defaults as a
+    profile's would be; ProfileError lists every problem."""
     family = fam.name
     problems: list[tuple[str, str, str]] = []
-    table = _parse_fields(fam.fields, given, label, family, problems)
+    table = _merge(base or {}, _parse_fields(fam.fields, given, label, family, problems))
     _complete(fam.fields, table, label, family, problems)
     if not problems:
         problems += [(label, f"{family}.{k}", p) for k, p in fam.check(table)]

@@ -116,6 +116,17 @@ def test_profiles_check_names_a_bound_no_drive_of_the_class_can_meet(tmp_path):
     assert "more than a 16 GT/s x4 link carries (7.88 GB/s)" in proc.stdout, proc.stdout
 
 
+@pytest.mark.parametrize("family, flag, value", [
+    ("gnn", "--scale", "2"), ("checkpoint", "--ranks", "0"), ("train", "--accelerators", "0")])
+def test_a_flag_over_a_profile_is_judged_alone(tmp_path, family, flag, value):
+    """The profile's table (parsed when it loaded, ratios included) takes a flag over it: the
+    one wrong flag is said, nothing about the profile, before any I/O."""
+    proc = qual(family, "--profile", "ci", "--target", str(tmp_path), flag, value)
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert proc.returncode == 2 and len(errors) == 1 and flag in errors[0], proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_run_exits_6_when_a_criterion_was_not_judged(tmp_path):
     proc = qual("run", "--profile", str(TINY_PROFILE), "--results", "out", "-q", "-k", "seq_read",
                 cwd=tmp_path)

@@ -74,13 +74,17 @@ class ResultOutcome(Outcome, dict):
 class Flags:
     """A family's own command-line flags, where they predate the generated ones: `add` puts
     them on the subcommand's parser (with --seed and, if it removes what it made, --keep),
-    `given` turns the parsed flags into table values. `keep(args)`: leave what the run made;
+    `given` turns the flags given into table values (a flag not given is None and stays out, so
+    that a profile's table holds); `defaults(given)`: table values the command takes where
+    neither a profile nor a flag says (a quick run's, not a qualification's); `keep(args)`:
+    leave what the run made;
     `dry_run(args, settings)`: a (document, lines) to print instead of running, or None;
     `shared_target()`: other processes open the target too (torchrun ranks), so this one
     neither locks it nor speaks unless `run` returns an outcome."""
 
     add: Callable
     given: Callable[[object], dict]
+    defaults: Callable[[dict], dict] = field(default=lambda given: {})
     keep: Callable[[object], bool] = field(default=lambda args: args.keep)
     dry_run: Callable | None = None
     shared_target: Callable[[], bool] = field(default=lambda: False)

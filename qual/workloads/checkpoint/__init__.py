@@ -572,31 +572,33 @@ def _plan_document(table: dict) -> tuple[dict, list[str]]:
 
 
 def _flags(p) -> None:
-    p.add_argument("--model", default="llama3.1-8b", choices=sorted(MODELS))
-    p.add_argument("--recipe", default="mixed-adam", choices=sorted(RECIPES))
-    p.add_argument("--tp", type=_positive, default=1, help="tensor-parallel ranks")
-    p.add_argument("--pp", type=_positive, default=1, help="pipeline-parallel ranks")
-    p.add_argument("--dp", type=_positive, default=1, help="data-parallel ranks")
-    p.add_argument("--zero", type=int, choices=(0, 1, 3), default=0, help="ZeRO stage")
-    p.add_argument("--scale", type=float, default=1.0, help="shrink every tensor (0 < s <= 1)")
-    p.add_argument("--ranks", type=int, default=0,
+    # a flag not given leaves the profile's value; without a profile, _defaults' or the field's
+    p.add_argument("--model", choices=sorted(MODELS), help="default llama3.1-8b")
+    p.add_argument("--recipe", choices=sorted(RECIPES), help="default mixed-adam")
+    p.add_argument("--tp", type=_positive, help="tensor-parallel ranks")
+    p.add_argument("--pp", type=_positive, help="pipeline-parallel ranks")
+    p.add_argument("--dp", type=_positive, help="data-parallel ranks")
+    p.add_argument("--zero", type=int, choices=(0, 1, 3), help="ZeRO stage")
+    p.add_argument("--scale", type=float, help="shrink every tensor (0 < s <= 1)")
+    p.add_argument("--ranks", type=_positive,
                    help="processes on this host (default: every rank of the layout)")
-    p.add_argument("--count", type=_positive, default=None,
+    p.add_argument("--count", type=_positive,
                    help="checkpoints to write (default 1; with --procedure mlperf-v2, 10 a run)")
-    p.add_argument("--procedure", choices=("passes", "mlperf-v2"), default="passes",
+    p.add_argument("--procedure", choices=("passes", "mlperf-v2"),
                    help="mlperf-v2: MLPerf Storage v2.0's runs: --count writes, the page cache "
                         "cleared, then as many reads, verified; --runs of them")
-    p.add_argument("--runs", type=_positive, default=5, help="mlperf-v2 runs (default 5)")
-    p.add_argument("--restore", action="store_true", help="restore and verify the last one")
+    p.add_argument("--runs", type=_positive, help="mlperf-v2 runs (default 5)")
+    p.add_argument("--restore", action="store_true", default=None,
+                   help="restore and verify the last one")
     phase = p.add_mutually_exclusive_group()
-    phase.add_argument("--write-only", action="store_true",
+    phase.add_argument("--write-only", action="store_true", default=None,
                        help="write and stop: a complete set for a later --read-only")
     phase.add_argument("--read-only", metavar="DIR", default=None,
                        help="restore and verify the checkpoint in DIR (the directory holding "
                             "manifest.json), written by an earlier run or another host")
-    p.add_argument("--baseline", action="store_true",
+    p.add_argument("--baseline", action="store_true", default=None,
                    help="also time torch.save and torch.load of the same tensors")
-    p.add_argument("--keep", type=_positive, default=2, help="checkpoints kept (default 2)")
+    p.add_argument("--keep", type=_positive, help="checkpoints kept (default 2)")
     p.add_argument("--plan", action="store_true",
                    help="print every rank's size and the arithmetic, and stop")
     p.add_argument("--seed", type=int, default=1)
@@ -605,16 +607,24 @@ def _flags(p) -> None:
 def _given(args) -> dict:
     return {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
             "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
-            "passes": 1, "retention": args.keep, "procedure": args.procedure, "runs": args.runs,
-            "per_pass": args.count or (MLPERF_CHECKPOINTS if args.procedure == "mlperf-v2" else 1),
-            "restore": args.restore, "baseline": args.baseline, "write_only": args.write_only,
-            "read_only": args.read_only}
+            "retention": args.keep, "procedure": args.procedure, "runs": args.runs,
+            "per_pass": args.count, "restore": args.restore, "baseline": args.baseline,
+            "write_only": args.write_only, "read_only": args.read_only}
+
+
+def _defaults(given: dict) -> dict:
+    """A quick run without a profile: the 8B model, one pass of one checkpoint (ten a run with
+    the MLPerf procedure), no restore or torch baseline unless asked for."""
+    mlperf = given.get("procedure") == "mlperf-v2"
+    return {"model": "llama3.1-8b", "passes": 1,
+            "per_pass": MLPERF_CHECKPOINTS if mlperf else 1,
+            "restore": False, "baseline": False}
 
 
 FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
                 fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
                 remove=remove,
-                flags=Flags(add=_flags, given=_given, keep=lambda args: True,
+                flags=Flags(add=_flags, given=_given, defaults=_defaults, keep=lambda args: True,
                             dry_run=lambda args, table: _plan_document(table) if args.plan
                             else None,
                             shared_target=lambda: "RANK" in os.environ and

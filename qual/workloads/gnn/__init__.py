@@ -391,30 +391,33 @@ class GnnOutcome(ResultOutcome):
 
 
 def _flags(p) -> None:
-    p.add_argument("--dataset", default="synthetic",
+    # no defaults here: a flag not given leaves the profile's value, or the field's default
+    p.add_argument("--dataset",
                    help="'synthetic' (generated on the target) or the root of a downloaded IGBH")
-    p.add_argument("--size", default="tiny", choices=list(SIZES))
-    p.add_argument("--scale", type=float, default=1.0, help="synthetic: share of the nodes")
-    p.add_argument("--loader", default="both", choices=("gids", "mmap", "both"))
-    p.add_argument("--steps", type=positive, default=100, help="measured steps (seed: 100)")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--epochs", type=positive, default=1)
-    p.add_argument("--batch-size", type=positive, default=512)
-    p.add_argument("--fanouts", default="10,5", help="neighbours per hop, e.g. 10,5")
+    p.add_argument("--size", choices=list(SIZES))
+    p.add_argument("--scale", type=float, help="synthetic: share of the nodes")
+    p.add_argument("--loader", choices=("gids", "mmap", "both"))
+    p.add_argument("--steps", type=positive, help="measured steps (seed: 100)")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--epochs", type=positive)
+    p.add_argument("--batch-size", type=positive)
+    p.add_argument("--fanouts", help="neighbours per hop, e.g. 10,5")
     p.add_argument("--keep", action="store_true",
                    help="keep the generated dataset and feature store for the next run")
     p.add_argument("--seed", type=int, default=1)
 
 
 def _given(args) -> dict:
-    try:
-        fanouts = [int(f) for f in args.fanouts.split(",")]
-    except ValueError:
-        fanouts = args.fanouts  # the table check says what is wrong with it
+    fanouts = args.fanouts
+    if fanouts is not None:
+        try:
+            fanouts = [int(f) for f in fanouts.split(",")]
+        except ValueError:
+            pass  # the table check says what is wrong with it
+    loaders = {None: None, "both": list(LOADERS)}.get(args.loader, [args.loader])
     return {"dataset": args.dataset, "size": args.size, "scale": args.scale,
-            "loaders": list(LOADERS) if args.loader == "both" else [args.loader],
-            "steps": args.steps, "warmup": args.warmup, "epochs": args.epochs,
-            "batch_size": args.batch_size, "fanouts": fanouts}
+            "loaders": loaders, "steps": args.steps, "warmup": args.warmup,
+            "epochs": args.epochs, "batch_size": args.batch_size, "fanouts": fanouts}
 
 
 FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on "

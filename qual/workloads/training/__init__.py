@@ -359,19 +359,21 @@ class TrainingOutcome(ResultOutcome):
 
 
 def _flags(p) -> None:
-    p.add_argument("--workload", default="unet3d-h100", choices=list(WORKLOADS))
-    p.add_argument("--accelerators", type=positive, default=1)
-    p.add_argument("--epochs", type=positive, default=1)
-    p.add_argument("--files", type=positive, default=None, help="default: the workload's")
-    p.add_argument("--record-scale", type=float, default=1.0,
+    # a flag not given leaves the profile's value; without a profile, _defaults' or the field's
+    p.add_argument("--workload", choices=list(WORKLOADS))
+    p.add_argument("--accelerators", type=positive, help="default 1 (a profile: its list)")
+    p.add_argument("--epochs", type=positive, help="default 1 (a profile: its list)")
+    p.add_argument("--files", type=positive, help="default: the workload's")
+    p.add_argument("--record-scale", type=float,
                    help="scales every sample's size, for small targets")
-    p.add_argument("--batch-size", type=positive, default=None)
-    p.add_argument("--computation-time", default=None, help="per step, e.g. 0.323s or 50ms")
-    p.add_argument("--read-threads", type=positive, default=None)
-    p.add_argument("--bs", default="1M", help="bytes per read (default 1M)")
-    p.add_argument("--iodepth", type=positive, default=8, help="reads in flight per thread")
-    p.add_argument("--page-cache", action="store_true", help="read without O_DIRECT")
-    p.add_argument("--no-calibrate", action="store_true",
+    p.add_argument("--batch-size", type=positive)
+    p.add_argument("--computation-time", help="per step, e.g. 0.323s or 50ms")
+    p.add_argument("--read-threads", type=positive)
+    p.add_argument("--bs", help="bytes per read (default 1M)")
+    p.add_argument("--iodepth", type=positive, help="reads in flight per thread (default 8)")
+    p.add_argument("--page-cache", action="store_true", default=None,
+                   help="read without O_DIRECT")
+    p.add_argument("--no-calibrate", action="store_true", default=None,
                    help="skip the no-storage run that measures the AU ceiling")
     p.add_argument("--seed", type=int, default=None,
                    help="file order seed (default: a new one every run)")
@@ -379,15 +381,21 @@ def _flags(p) -> None:
 
 
 def _given(args) -> dict:
-    return {"workload": args.workload, "accelerators": [args.accelerators],
-            "epochs": [args.epochs], "files": args.files, "record_scale": args.record_scale,
+    one = lambda v: None if v is None else [v]  # noqa: E731
+    return {"workload": args.workload, "accelerators": one(args.accelerators),
+            "epochs": one(args.epochs), "files": args.files, "record_scale": args.record_scale,
             "batch_size": args.batch_size, "computation_time": args.computation_time,
             "read_threads": args.read_threads, "block_size": args.bs,
-            "queue_depth": args.iodepth, "direct": not args.page_cache,
-            "calibrate": not args.no_calibrate, "shuffle_seed": args.seed}
+            "queue_depth": args.iodepth, "direct": False if args.page_cache else None,
+            "calibrate": False if args.no_calibrate else None, "shuffle_seed": args.seed}
+
+
+def _defaults(given: dict) -> dict:
+    """A quick run without a profile: one accelerator count, one epoch."""
+    return {"accelerators": [1], "epochs": [1]}
 
 
 FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
                 "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
-                check=_check, cells=_cells,
-                run=run, remove=remove, command="train", flags=Flags(add=_flags, given=_given))
+                check=_check, cells=_cells, run=run, remove=remove, command="train",
+                flags=Flags(add=_flags, given=_given, defaults=_defaults))
