@@ -3,7 +3,8 @@ fail, used by the pytest plugin and the `qual <family> --profile` command alike.
 a measurement that claims the device but lacks the device's own counters is UNVERIFIED, not
 judged, unless the profile says `device_truth = "optional"` (then it carries a caveat); one whose
 context says why it cannot be a verdict (`unverifiable`: an mmap baseline not held to its
-memory) is UNVERIFIED whatever the profile says."""
+memory) is UNVERIFIED whatever the profile says. A verdict on a measurement whose confidence
+interval holds the bound says so."""
 
 from __future__ import annotations
 
@@ -53,6 +54,24 @@ class Judgement:
             raise ImplausibleMeasurement(errno.EBADE, "; ".join(self.unresolved), target=target)
 
 
+def _straddles(v: Verdict, m: Measurement) -> tuple[str, ...]:
+    """A measurement with a confidence interval (context `interval`: low, high) that holds the
+    bound: the verdict stands on the mean, and says that the run cannot tell which side the
+    true value lies on."""
+    if "interval" not in m.context:
+        return ()
+    interval = m.context["interval"]
+    if interval is None:
+        return ("its spread is unknown (one sample): the run cannot say how sure the verdict is",)
+    if not interval[0] < v.limit < interval[1]:
+        return ()
+    unit = v.criterion.unit
+    return (f"the 95 % interval {units.format_quantity(interval[0], unit)} .. "
+            f"{units.format_quantity(interval[1], unit)} straddles the bound "
+            f"{units.format_quantity(v.limit, unit)}: this run cannot tell which side the "
+            "true value lies on (more validation batches narrow it)",)
+
+
 def judge(measurements: list[Measurement], profile: Profile,
           baseline: Baseline | None = None) -> Judgement:
     """Judge every measurement against the profile's criteria for it and, with a baseline,
@@ -88,7 +107,8 @@ def judge(measurements: list[Measurement], profile: Profile,
                     f" but the simulation reaches only {units.format_quantity(ceiling, c.unit)} "
                     f"with no storage at all, so it cannot judge the drive [{c.file}]")
                 continue
-            out.verdicts += [dataclasses.replace(v, caveats=caveats) for v in c.judge(m.value)]
+            out.verdicts += [dataclasses.replace(v, caveats=caveats + _straddles(v, m))
+                             for v in c.judge(m.value)]
         if baseline:
             tolerance = next((c.tolerance for c in criteria if c.tolerance is not None),
                              profile.tolerance)

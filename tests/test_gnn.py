@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from qual.engine import DataMismatch, FeatureCache, page_residency
 from qual.judge import EXIT_INCOMPLETE, judge
@@ -19,6 +20,7 @@ from qual.workloads import gnn, registry
 from qual.workloads.gnn import store as feature_store
 from qual.workloads.gnn.graph import Graph, hot_rows, sample
 from qual.workloads.gnn.igbh import FEATURE_DIM, NODE_TYPES, RELATIONS, generate
+from qual.workloads.gnn.train import feature_only_accuracy, splits, train
 from qual.workloads.gnn.loaders import (MAX_MERGE, ROOM_FLOOR, GidsLoader, MemoryBudget, MmapLoader,
                                         accumulator_threshold)
 from testbed import IS_ROOT, TINY_ALL, load_record, needs_root, run_suite
@@ -458,6 +460,123 @@ def test_hot_rows_favour_the_most_sampled_nodes(data):
     assert indeg[top].mean() > 2 * indeg.mean()
 
 
+# ------------------------------------------------------------------ a gate that can fail
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """The ci profile's GNN set-up: its synthetic IGBH (tiny@0.1, calibrated), the store, the
+    graph, labels and splits, and its [gnn] table."""
+    table = load_profile("ci", registry()).table("gnn")
+    folder = tmp_path_factory.mktemp("calibrated")
+    dataset = generate(folder / "qual-igbh", table["size"], scale=table["scale"],
+                       seed=table["data_seed"])
+    store = feature_store.build(dataset, folder, page_size=table["page_size"])
+    train_ids, val_ids = splits(dataset.counts["paper"])
+    return table, dataset, store, Graph.of(dataset), train_ids, val_ids
+
+
+def rgat_accuracy(calibrated, wrap=lambda loader: loader) -> float:
+    """RGAT trained as the ci profile trains it, through the GIDS-style loader (wrapped)."""
+    table, dataset, store, graph, train_ids, val_ids = calibrated
+    loader = gnn.open_loader("gids", table, store, graph, dataset.labels(),
+                             fanouts=table["fanouts"], batch_size=table["batch_size"], seed=1)
+    model = {k: table[k] for k in ("hidden", "heads", "fanouts", "lr", "epochs", "warmup",
+                                   "steps", "batch_size")}
+    try:
+        trained = train(wrap(loader), [r.key for r in graph.relations],
+                        table={**model, "classes": 19}, train_ids=train_ids, val_ids=val_ids,
+                        seed=1)
+    finally:
+        loader.close()
+    return trained.accuracy
+
+
+def test_a_paper_s_own_features_alone_stay_far_below_the_gate(calibrated):
+    """As in the real IGBH, the answer lies in the graph: an MLP on the papers' own features
+    learns something, and stays at or below 50 %."""
+    _, dataset, _, _, train_ids, val_ids = calibrated
+    got = feature_only_accuracy(dataset.features("paper"), dataset.labels(), train_ids, val_ids)
+    assert 1 / 19 < got <= 0.50, got
+
+
+class _Corrupting:
+    """A loader that hands the model wrong rows, over a real one (same batches otherwise)."""
+
+    def __init__(self, loader):
+        self.loader, self.name, self.device = loader, f"corrupt-{loader.name}", loader.device
+
+    def batches(self, seeds):
+        inner = self.loader.batches(seeds)
+        try:
+            for b in inner:
+                b.x = self.corrupt(b)
+                yield b
+        finally:
+            inner.close()
+
+
+class OuterHopShuffled(_Corrupting):
+    """A misaddressed gather: the rows of the nodes the outer hop added come back shuffled
+    among themselves (every seed and first-hop row is right)."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self.rng = torch.Generator().manual_seed(0)
+
+    def corrupt(self, b):
+        for t, x in b.x.items():
+            inner = b.sample.blocks[0].n_dst.get(t, 0)
+            if len(x) - inner > 1:
+                x[inner:] = x[inner:][torch.randperm(len(x) - inner, generator=self.rng)]
+        return b.x
+
+
+class StaleCache(_Corrupting):
+    """A cache that serves a slot before its refill lands: direct-mapped, the GIDS cache's
+    size in rows; a row whose slot holds another serves that other row's contents (what the
+    slot held from before), and only then is the slot refilled with the row asked for."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self.slots = loader.cache_pages
+        self.held = torch.zeros((self.slots, FEATURE_DIM))
+        self.tags = np.full(self.slots, -1)
+
+    def corrupt(self, b):
+        rows = self.loader.rows_of(b.sample)  # in the order of b.x's types
+        feats = torch.cat([b.x[t] for t in NODE_TYPES])
+        slot = torch.from_numpy(rows % self.slots)
+        served = self.held[slot]  # a copy: what each slot holds now
+        hit = torch.from_numpy(self.tags[slot.numpy()] == rows)
+        served[hit] = feats[hit]
+        self.held[slot] = feats  # the refill, too late for this batch
+        self.tags[slot.numpy()] = rows
+        return self.loader.split(b.sample, served)
+
+
+@pytest.mark.parametrize("corruption", [OuterHopShuffled, StaleCache])
+def test_a_loader_that_hands_over_wrong_rows_fails_the_gate(calibrated, corruption):
+    """The 70 % gate catches a loader bug: wrong rows for the outer hop, or stale cache
+    contents, train below it on the same steps the real loaders pass with."""
+    assert rgat_accuracy(calibrated, corruption) < 0.70
+
+
+@pytest.mark.parametrize("interval, straddles", [([0.66, 0.78], True), ([0.71, 0.73], False),
+                                                  (None, True)])
+def test_an_accuracy_whose_interval_holds_the_bound_says_so(interval, straddles):
+    """The verdict stands on the mean of the evaluation batches; where its 95 % interval holds
+    the bound (or no spread is known) the verdict says the run cannot be sure."""
+    m = measure(gnn.NAME, gnn.METRICS["gnn_accuracy"], {"loader": "gids"}, 0.72,
+                context={"interval": interval, "confidence": 0.95, "batches": 4})
+    (verdict,) = judge([m], load_profile("ci", registry())).verdicts
+    assert verdict.passed
+    said = " ".join(verdict.caveats)
+    assert bool(said) == straddles
+    if interval:
+        assert ("straddles the bound 70" in said) == straddles and "66" in said or not straddles
+
+
 # ------------------------------------------------------------------ the suite and the command
 
 
@@ -478,6 +597,13 @@ def test_the_gnn_suite_passes_and_records(tmp_path):
     verdicts = [v for t in record["tests"] for v in t["verdicts"]]
     assert {v["id"] for v in verdicts} == {"gnn_accuracy[loader=gids]", "gnn_accuracy[loader=mmap]"}
     assert all(v["passed"] for v in verdicts)
+    # the calibrated synthetic IGBH: RGAT through either real loader lands in 75-85 %, its
+    # spread recorded
+    for m in (m for t in record["tests"] for m in t["measurements"]
+              if m["metric"] == "gnn_accuracy"):
+        assert 0.75 <= m["value"] <= 0.85, m
+        low, high = m["context"]["interval"]
+        assert low < m["value"] < high and m["context"]["batches"] > 1
     assert not (tmp_path / ".qual" / "qual-igbh").exists() and not (tmp_path / ".qual" / "qual-gnn").exists()
 
 

@@ -21,7 +21,8 @@ from qual.target import Target
 from qual.target.scratch import own_folder, remove_made
 from qual.workloads.gnn import charts
 from qual.workloads.gnn import store as feature_store
-from qual.workloads.gnn.igbh import CLASSES, IGBH, MARKER, SIZES, generate, synthetic_name
+from qual.workloads.gnn.igbh import (CALIBRATION, CLASSES, IGBH, MARKER, SIZES, generate,
+                                     synthetic_name)
 
 # torch and PyG load only when a GNN run starts (loaders, model, train): declaring the family
 # for profiles and the command line stays cheap
@@ -134,8 +135,8 @@ def dataset_of(target: Target, table: dict, progress=None) -> IGBH:
     marker = root / name / MARKER
     if marker.exists():
         doc = json.loads(marker.read_text())
-        if (doc.get("size"), doc.get("scale"), doc.get("seed")) == \
-                (table["size"], table["scale"], table["data_seed"]):
+        if (doc.get("size"), doc.get("scale"), doc.get("seed"), doc.get("calibration")) == \
+                (table["size"], table["scale"], table["data_seed"], CALIBRATION.as_dict()):
             return IGBH(root, name)
         shutil.rmtree(root / name)
     own_folder(root)
@@ -289,7 +290,8 @@ def measurements(result: dict, target: str) -> list[Measurement]:
                "measured": r["measured"], "setup": r["setup"]}
         timed = {**ctx, **proof} if name == "gids" else ctx
         out.append(measure(NAME, METRICS["gnn_accuracy"], {"loader": name}, r["accuracy"],
-                           context=ctx))
+                           context={**ctx, "interval": r["accuracy_interval"],
+                                    "confidence": 0.95, "batches": r["accuracy_batches"]}))
         out.append(measure(NAME, METRICS["gnn_e2e_s"], {"loader": name}, r["e2e_s"],
                            context={**timed, "stages": r["stages"]}))
         for stage, seconds in r["stages"].items():
@@ -347,6 +349,7 @@ class GnnOutcome(ResultOutcome):
         doc = {"dataset": self["dataset"], "steps": next(iter(loaders.values()))["measured"],
                "e2e_s": {k: v["e2e_s"] for k, v in loaders.items()},
                "accuracy": {k: v["accuracy"] for k, v in loaders.items()},
+               "accuracy_interval": {k: v["accuracy_interval"] for k, v in loaders.items()},
                "stages": {k: v["stages"] for k, v in loaders.items()},
                "effective_bw_bytes": {k: v["rows"] * row / v["stages"]["gather"]
                                       for k, v in loaders.items() if v["stages"]["gather"]},
@@ -366,8 +369,11 @@ class GnnOutcome(ResultOutcome):
         out = []
         for name in doc["accuracy"]:
             stages = ", ".join(f"{k} {v:.2f}" for k, v in doc["stages"][name].items())
+            interval = doc["accuracy_interval"][name]
+            spread = (f"95 % interval {interval[0] * 100:.1f} .. {interval[1] * 100:.1f} %"
+                      if interval else "one validation batch: spread unknown")
             out.append(f"{name}: {doc['e2e_s'][name]:.2f} s for {doc['steps']} steps ({stages}), "
-                       f"validation accuracy {doc['accuracy'][name] * 100:.1f} %")
+                       f"validation accuracy {doc['accuracy'][name] * 100:.1f} % ({spread})")
         if "speedup" in doc:
             memory = format_quantity(doc["setup"]["gids"]["memory_bytes"], dimension="size")
             mm = doc["setup"]["mmap"]
