@@ -532,6 +532,23 @@ class OuterHopShuffled(_Corrupting):
         return b.x
 
 
+class OuterHopNeighbouringPage(_Corrupting):
+    """A gather off by one page for the outer hop: each node the outer hop added gets the row
+    after its own (the last row of the store the one before), every time."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self.store = loader.store.memmap()
+
+    def corrupt(self, b):
+        for t, x in b.x.items():
+            inner = b.sample.blocks[0].n_dst.get(t, 0)
+            rows = b.sample.nodes[t][inner:] + self.loader.store.offsets[t] + 1
+            rows[rows == self.loader.store.rows] -= 2
+            x[inner:] = torch.from_numpy(np.ascontiguousarray(self.store[rows]))
+        return b.x
+
+
 class StaleCache(_Corrupting):
     """A cache that serves a slot before its refill lands: direct-mapped, the GIDS cache's
     size in rows; a row whose slot holds another serves that other row's contents (what the
@@ -555,7 +572,7 @@ class StaleCache(_Corrupting):
         return self.loader.split(b.sample, served)
 
 
-@pytest.mark.parametrize("corruption", [OuterHopShuffled, StaleCache])
+@pytest.mark.parametrize("corruption", [OuterHopShuffled, OuterHopNeighbouringPage, StaleCache])
 def test_a_loader_that_hands_over_wrong_rows_fails_the_gate(calibrated, corruption):
     """The 70 % gate catches a loader bug: wrong rows for the outer hop, or stale cache
     contents, train below it on the same steps the real loaders pass with."""

@@ -164,14 +164,11 @@ class Calibration:
       of the papers a paper cites carry the class; RGAT through either loader reaches 77-78 %.
     - cites 0.55, topic 0.7, fos and institute 0: citations help less, and the hot hubs (the
       topics) hold little, so that the answer lies in the many cold rows: with the outer
-      hop's rows shuffled within the batch RGAT falls to 57 %, with a cache that serves a
-      slot's old contents before its refill to 59 %, with every neighbour's row shuffled to
-      chance.
+      hop's rows shuffled within the batch RGAT falls to 57 %, with each of them replaced by
+      the neighbouring page (every time the same) to 66 %, with a cache that serves a slot's
+      old contents before its refill to 59 %, with every neighbour's row shuffled to chance.
     - ambiguity 0.16: RGAT can reach no more than 84.8 %, however long it trains (the
-      nvme-rig profile's 1,172 steps on IGBH-small).
-    A consistent misaddressing (every row replaced by the neighbouring page, every time) is
-    not caught by accuracy: RGAT learns the substituted rows as node identities and reaches
-    70 %. The store's CRC32C and the loaders' bit-for-bit comparison catch that one."""
+      nvme-rig profile's 1,172 steps on IGBH-small)."""
 
     signal: dict = field(default_factory=lambda: {"paper": 0.06, "author": 0.3, "fos": 0.0,
                                                   "institute": 0.0})
