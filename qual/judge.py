@@ -69,7 +69,7 @@ def _straddles(v: Verdict, m: Measurement) -> tuple[str, ...]:
     return (f"the 95 % interval {units.format_quantity(interval[0], unit)} .. "
             f"{units.format_quantity(interval[1], unit)} straddles the bound "
             f"{units.format_quantity(v.limit, unit)}: this run cannot tell which side the "
-            "true value lies on (more validation batches narrow it)",)
+            "true value lies on (more samples narrow it)",)
 
 
 def judge(measurements: list[Measurement], profile: Profile,
