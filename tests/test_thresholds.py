@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from qual import feasibility, thresholds
 from qual.workloads import registry
+from qual.workloads.checkpoint.plan import MLPERF_LAYOUTS
 from qual.thresholds import ProfileError, load_profile
 
 GOOD = """
@@ -179,6 +180,22 @@ def test_shipped_profiles_load_and_cite_their_sources():
     for p in (gen5, gen4):
         pcts = {dict(c.params).get("pct") for c in p.criteria if c.metric == "rand_read_lat"}
         assert {99, 99.99} <= pcts
+
+
+def test_nvme_rig_holds_mlperfs_checkpoint_procedure_and_seed_004_drives_their_passes():
+    """The rig base runs MLPerf Storage v2.0 as its CLOSED division does (8B in its layout,
+    subset mode, 10 writes and 10 reads, 5 runs); the drive classes whose checkpoint criteria
+    are seed 004's figures run seed 004's passes; ci runs MLPerf's procedure scaled."""
+    rig = load_profile("nvme-rig", registry()).tables["checkpoint"]
+    assert (rig["procedure"], rig["per_pass"], rig["runs"], rig["subset"], rig["scale"]) == \
+        ("mlperf-v2", 10, 5, True, 1.0)
+    assert (rig["tp"], rig["pp"], rig["dp"], rig["zero"]) == MLPERF_LAYOUTS[rig["model"]]
+    for name in ("gen5-tlc", "gen4-qlc"):
+        seed = load_profile(name, registry()).tables["checkpoint"]
+        assert (seed["procedure"], seed["subset"], seed["model"], seed["tp"], seed["pp"],
+                seed["dp"], seed["zero"]) == ("passes", False, "llama3.1-405b", 4, 2, 1, 0)
+    ci = load_profile("ci", registry()).tables["checkpoint"]
+    assert (ci["procedure"], ci["per_pass"], ci["runs"], ci["subset"]) == ("mlperf-v2", 2, 1, True)
 
 
 def test_verdict_line_reads_as_design_says(tmp_path):

@@ -25,7 +25,8 @@ from qual.record import Measurement, measure
 from qual.target import Target
 from qual.workloads.base import Family, Flags, ResultOutcome, positive as _positive
 from qual.workloads.checkpoint import charts, ranks
-from qual.workloads.checkpoint.plan import MODELS, RECIPES, Layout, Plan, build_plan, describe
+from qual.workloads.checkpoint.plan import (MLPERF_LAYOUTS, MODELS, RECIPES, SUBSET_PROCESSES,
+                                            Plan, describe, plan_from)
 from qual.workloads.checkpoint.store import CheckpointStore
 
 NAME = "checkpoint"
@@ -72,7 +73,10 @@ FIELDS = (
     Field("zero", "count", default=0, minimum=0, maximum=3),
     Field("scale", "number", default=1.0, help="shrinks every tensor (0 < scale <= 1)"),
     Field("ranks", "count", default=0, minimum=0,
-          help="processes on this host (0: every rank of the layout)"),
+          help="processes on this host (0: every rank of the layout; with subset, 8)"),
+    Field("subset", "bool", default=False,
+          help="MLPerf's subset mode for node-local storage: this host's processes write "
+               "ranks/(tp x pp x dp) of the checkpoint, each the mean rank's share"),
     Field("passes", "count", default=3),
     Field("per_pass", "count", default=0, minimum=0,
           help="checkpoints per pass (0: as many as fill the target to `utilisation`)"),
@@ -100,8 +104,8 @@ FIELDS = (
 
 
 def plan_of(table: dict) -> Plan:
-    return build_plan(table["model"], Layout(table["tp"], table["pp"], table["dp"],
-                                             table["zero"]), table["recipe"], table["scale"])
+    subset = (table["ranks"] or SUBSET_PROCESSES) if table["subset"] else 0
+    return plan_from({**table, "subset": subset})
 
 
 def _check(table: dict) -> list[tuple[str, str]]:
@@ -115,6 +119,9 @@ def _check(table: dict) -> list[tuple[str, str]]:
     layout_ranks = table["tp"] * table["pp"] * table["dp"]
     if table["ranks"] > layout_ranks:
         problems.append(("ranks", f"{table['ranks']} processes for a {layout_ranks}-rank layout"))
+    elif table["subset"] and not table["ranks"] and layout_ranks < SUBSET_PROCESSES:
+        problems.append(("subset", f"a subset of {SUBSET_PROCESSES} processes of a "
+                                   f"{layout_ranks}-rank layout (give a larger layout, or ranks)"))
     if not problems:
         try:
             plan_of(table)
@@ -169,6 +176,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# a rank process; not `-m ...ranks`, which runpy warns about since this package imports it
+RANK_MAIN = "import sys; from qual.workloads.checkpoint.ranks import main; sys.exit(main(sys.argv[1:]))"
+
+
 def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
     """Run the rank processes on this host (as torchrun would) and return rank 0's results.
     If one rank fails, the others are stopped and its error is raised here. Rank 0's progress
@@ -185,7 +196,7 @@ def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
         log = open(workdir / f"rank-{rank:05d}.log", "wb")
         env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "qual.workloads.checkpoint.ranks", str(job_path)], env=env,
+            [sys.executable, "-c", RANK_MAIN, str(job_path)], env=env,
             stdout=log, stderr=None if rank == 0 else log))
         log.close()
     try:
@@ -248,7 +259,8 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     plan = plan_of(table)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     leader = not torchrun or os.environ["RANK"] == "0"
-    processes = int(os.environ["WORLD_SIZE"]) if torchrun else table["ranks"] or plan.layout.ranks
+    processes = int(os.environ["WORLD_SIZE"]) if torchrun else len(plan.ranks) \
+        if plan.subset else table["ranks"] or plan.layout.ranks
     store = CheckpointStore(folder)
     if leader:  # with torchrun the other ranks wait for rank 0 inside the process group
         folder.mkdir(parents=True, exist_ok=True)
@@ -267,12 +279,11 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     elif per_pass is None:
         per_pass = checkpoints_per_pass(table, folder, plan.nbytes) if leader else 0
     st = os.stat(folder)
-    one_host = processes == plan.layout.ranks and \
+    one_host = processes == len(plan.ranks) and \
         (not torchrun or os.environ.get("LOCAL_WORLD_SIZE") == os.environ["WORLD_SIZE"])
     workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
     (workdir / "errors").mkdir()
-    job = {"root": str(folder), "plan": {k: table[k] for k in
-                                         ("model", "tp", "pp", "dp", "zero", "recipe", "scale")},
+    job = {"root": str(folder), "plan": plan.keys(),
            "passes": passes, "per_pass": per_pass, "retention": table["retention"],
            "procedure": table["procedure"], "runs": table["runs"],
            "restore": table["restore"], "baseline": table["baseline"],
@@ -313,7 +324,7 @@ def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> Check
     workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
     (workdir / "errors").mkdir()
     job = {"root": str(ckpt.parent.parent), "restore_path": str(ckpt),
-           "plan": {k: p[k] for k in ("model", "tp", "pp", "dp", "zero", "recipe", "scale")},
+           "plan": plan_from(p).keys(),
            "passes": 0, "per_pass": 0, "retention": 0, "restore": True, "baseline": False,
            "baseline_bytes": 0, "chunk_size": manifest["chunk_size"],
            "queue_depth": table["queue_depth"], "align": manifest["align"],
@@ -322,7 +333,7 @@ def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> Check
            "timeout_s": table["timeout"], "result": str(workdir / "result.json"),
            "errors": str(workdir / "errors"),
            "device": f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-           if processes == p["ranks"] and os.major(st.st_dev) else None}
+           if processes == len(manifest["ranks"]) and os.major(st.st_dev) else None}
     try:
         result = launch(job, processes, workdir, progress)
     finally:
@@ -498,8 +509,12 @@ class CheckpointOutcome(ResultOutcome):
     def document(self) -> dict:
         if self.get("mlperf") is not None:
             summary = mlperf_summary(self)
+            plan = self["plan"]
             return {"procedure": "mlperf-v2", "bytes": sum(self["rank_bytes"]),
-                    "ranks": self["world"], "plan": self["plan"],
+                    # MLPerf's checkpoint.mode: subset writes this host's share (node-local)
+                    "mode": "subset" if plan.get("subset") else "default",
+                    "full_bytes": plan.get("full_bytes", sum(self["rank_bytes"])),
+                    "ranks": self["world"], "plan": plan,
                     "checkpoints_per_run": self["per_pass"], **summary,
                     "store": self["store"], "kept": self["kept"]}
         cps, r = self["checkpoints"], self["restore"]
@@ -530,7 +545,8 @@ class CheckpointOutcome(ResultOutcome):
                     f"{r['checkpoints_read']} reads {r['load_checkpoint_duration_mean_seconds']:.2f} s "
                     f"({r['load_checkpoint_io_mean_GB_per_second']:.2f} GiB/s), verified: "
                     f"{r['verified']}" for r in doc["runs"]] + [
-                f"MLPerf Storage v2.0 ({len(doc['runs'])} runs, slowest rank): write "
+                f"MLPerf Storage v2.0 ({doc['mode']} mode, {doc['bytes'] / 2**30:.3f} of "
+                f"{doc['full_bytes'] / 2**30:.3f} GiB; {len(doc['runs'])} runs, slowest rank): write "
                 f"{doc['save_checkpoint_duration_mean_seconds']:.2f} s, "
                 f"{doc['save_checkpoint_io_mean_GB_per_second']:.2f} GiB/s; read "
                 f"{doc['load_checkpoint_duration_mean_seconds']:.2f} s, "
@@ -582,6 +598,9 @@ def _flags(p) -> None:
     p.add_argument("--scale", type=float, help="shrink every tensor (0 < s <= 1)")
     p.add_argument("--ranks", type=_positive,
                    help="processes on this host (default: every rank of the layout)")
+    p.add_argument("--subset", action="store_true", default=None,
+                   help="MLPerf's subset mode, for node-local storage: 8 processes (or --ranks) "
+                        "write 8/(TP x PP x DP) of the checkpoint, each the mean rank's share")
     p.add_argument("--count", type=_positive,
                    help="checkpoints to write (default 1; with --procedure mlperf-v2, 10 a run)")
     p.add_argument("--procedure", choices=("passes", "mlperf-v2"),
@@ -607,6 +626,7 @@ def _flags(p) -> None:
 def _given(args) -> dict:
     return {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
             "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
+            "subset": args.subset,
             "retention": args.keep, "procedure": args.procedure, "runs": args.runs,
             "per_pass": args.count, "restore": args.restore, "baseline": args.baseline,
             "write_only": args.write_only, "read_only": args.read_only}
@@ -614,11 +634,17 @@ def _given(args) -> dict:
 
 def _defaults(given: dict) -> dict:
     """A quick run without a profile: the 8B model, one pass of one checkpoint (ten a run with
-    the MLPerf procedure), no restore or torch baseline unless asked for."""
+    the MLPerf procedure), no restore or torch baseline unless asked for. The MLPerf procedure
+    or its subset mode, with no layout given, runs the model in MLPerf's layout."""
     mlperf = given.get("procedure") == "mlperf-v2"
-    return {"model": "llama3.1-8b", "passes": 1,
-            "per_pass": MLPERF_CHECKPOINTS if mlperf else 1,
-            "restore": False, "baseline": False}
+    out = {"model": "llama3.1-8b", "passes": 1,
+           "per_pass": MLPERF_CHECKPOINTS if mlperf else 1,
+           "restore": False, "baseline": False}
+    layout = MLPERF_LAYOUTS.get(given.get("model", out["model"]))
+    if (mlperf or given.get("subset")) and layout and \
+            not any(k in given for k in ("tp", "pp", "dp", "zero")):
+        out.update(zip(("tp", "pp", "dp", "zero"), layout))
+    return out
 
 
 FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",

@@ -8,6 +8,11 @@ Tensors are split as Megatron-LM splits them: column-parallel Q, K, V, gate and 
 row-parallel output and down projections over tensor-parallel ranks, the embedding and lm_head
 by vocabulary, norms replicated; layers over pipeline stages with the first L mod PP stages
 holding one extra layer, stage 0 the embedding and the last stage the final norm and lm_head.
+
+A subset plan (MLPerf Storage's subset mode, for node-local storage) is what one host of a
+larger layout writes: `subset` processes, each standing for one of the layout's ranks spread
+evenly over it and sized to the mean rank's share, so the host writes subset/(TP x PP x DP)
+of the checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ class Architecture:
     kv_heads: int
     vocab: int
     note: str = ""
+    # bytes of bf16 weights a published sizing gives where it differs from the shape's own
+    # arithmetic; every tensor is then stretched by that ratio (0: the shape's size)
+    published_weights: int = 0
 
     @property
     def kv_dim(self) -> int:
@@ -55,6 +63,13 @@ class Architecture:
         per_layer = 2 * h + h * (h + 2 * self.kv_dim) + h * h + 3 * h * self.ffn
         return 2 * self.vocab * h + L * per_layer + h
 
+    @property
+    def stretch(self) -> float:
+        """How much larger than its shape a published sizing makes every tensor (1: none)."""
+        if not self.published_weights:
+            return 1.0
+        return self.published_weights / (DTYPE_BYTES["bfloat16"] * self.parameters())
+
 
 MODELS = {
     "llama3.1-8b": Architecture("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256),
@@ -64,9 +79,16 @@ MODELS = {
                                     note="DLIO/MLPerf llama3_70b config (128 heads)"),
     "llama3.1-405b": Architecture("llama3.1-405b", 126, 16384, 53248, 128, 8, 128256),
     # MLPerf Storage v2.0's 1T (Table 2; DLIO llama3_1t.yaml). 25872 is not a multiple of 192
-    # heads: DLIO takes the head size as 25872 // 192 = 134, so K and V are 4,288 wide
+    # heads: DLIO takes the head size as 25872 // 192 = 134, so K and V are 4,288 wide.
+    # MLPerf sizes it at 2,571 GiB of weights and 15,426 GiB of optimizer state (mlpstorage
+    # LLM_SIZE_BY_RANK), 17,997 GiB: the "18 TB" of its table. The shape gives 1.1666x fewer
+    # bytes (15,426 GiB: the table's optimizer figure is DLIO's whole checkpoint), so llama3-1t
+    # stretches every tensor to MLPerf's size; llama3-1t-dlio is the size DLIO writes from it.
     "llama3-1t": Architecture("llama3-1t", 128, 25872, 98304, 192, 32, 128256,
-                              note="MLPerf Storage v2.0 / DLIO llama3_1t config"),
+                              note="MLPerf Storage v2.0 llama3_1t shape, sized as MLPerf's "
+                                   "table sizes it", published_weights=2571 * 2**30),
+    "llama3-1t-dlio": Architecture("llama3-1t-dlio", 128, 25872, 98304, 192, 32, 128256,
+                                   note="DLIO llama3_1t config, the size DLIO writes"),
 }
 
 
@@ -118,11 +140,15 @@ REFERENCES = {
     ("llama3-70b-dlio", "mixed-adam"): (911 * 2**30, "DLIO/MLPerf Storage llama3-70b, 911 GiB"),
     ("llama3.1-405b", "mixed-adam"): (5292 * 2**30, "DLIO/MLPerf Storage llama3-405b, 5,292 GiB"),
     ("llama3.1-405b", "bf16-adam8bit"): (1636e9, "seed 004, LLaMA 3.1 405B TP4 x PP2, 1,636 GB"),
-    # the table's "18 TB" in its own units (its 105 GB and 5.29 TB are 105 and 5,292 GiB); DLIO's
-    # formula, which this plan follows, gives 15,426 GiB: the table's figure is not DLIO's
+    # the table's "18 TB" in its own units (its 105 GB and 5.29 TB are 105 and 5,292 GiB)
     ("llama3-1t", "mixed-adam"): (18000 * 2**30, "MLPerf Storage v2.0 Table 2, llama3-1t, "
                                                  "\"18 TB\" (18,000 GiB in its units)"),
+    ("llama3-1t-dlio", "mixed-adam"): (15426 * 2**30, "DLIO's llama3_1t checkpoint, 15,426 GiB "
+                                       "(mlpstorage lists it as the 1T optimizer figure)"),
 }
+
+# MLPerf Storage's subset mode: one host with this many processes (mlpstorage LLM_SUBSET_PROCS)
+SUBSET_PROCESSES = 8
 
 # The layouts MLPerf Storage v2.0 runs each model in (Table 2: TP x PP x DP, ZeRO stage; the
 # product is its CLOSED process count: 8, 64, 512, 1,024).
@@ -131,6 +157,7 @@ MLPERF_LAYOUTS = {
     "llama3-70b-dlio": (8, 1, 8, 3),
     "llama3.1-405b": (8, 32, 2, 1),
     "llama3-1t": (8, 64, 2, 1),
+    "llama3-1t-dlio": (8, 64, 2, 1),
 }
 
 
@@ -196,6 +223,8 @@ class Plan:
     recipe: Recipe
     scale: float
     ranks: tuple[RankPlan, ...] = field(repr=False)
+    subset: int = 0  # processes on this host in subset mode (0: every rank of the layout)
+    full_bytes: int = 0  # the whole layout's checkpoint, which a subset is a share of
 
     @property
     def nbytes(self) -> int:
@@ -205,11 +234,22 @@ class Plan:
     def tensors(self) -> int:
         return sum(len(r.tensors) for r in self.ranks)
 
-    def summary(self) -> dict:
+    def keys(self) -> dict:
+        """What rebuilds this plan (plan_from): a job's, a manifest's."""
         return {"model": self.model.name, "recipe": self.recipe.name, "tp": self.layout.tp,
                 "pp": self.layout.pp, "dp": self.layout.dp, "zero": self.layout.zero,
-                "scale": self.scale, "ranks": self.layout.ranks, "bytes": self.nbytes,
-                "tensors": self.tensors, "parameters": self.model.parameters()}
+                "scale": self.scale, "subset": self.subset}
+
+    def summary(self) -> dict:
+        return {**self.keys(), "ranks": self.layout.ranks, "bytes": self.nbytes,
+                "full_bytes": self.full_bytes, "tensors": self.tensors,
+                "parameters": self.model.parameters(), "stretch": self.model.stretch}
+
+
+def plan_from(keys: dict) -> Plan:
+    """The plan a job or a manifest names (a manifest from before subsets has none)."""
+    return build_plan(keys["model"], Layout(keys["tp"], keys["pp"], keys["dp"], keys["zero"]),
+                      keys["recipe"], keys["scale"], keys.get("subset", 0))
 
 
 def _split(shape: tuple[int, ...], how: str, tp: int) -> tuple[int, ...]:
@@ -235,17 +275,42 @@ def _stage_weights(model: Architecture, layout: Layout, stage: int, tp: int):
 
 
 def _scaled(shape: tuple[int, ...], scale: float, parts: int = 1) -> tuple[int, ...]:
-    """A shard of 1/parts of a tensor, shrunk by scale; a scaled tensor is stored flat."""
+    """A shard of 1/parts of a tensor, resized by scale; a resized tensor is stored flat."""
     numel = math.prod(shape)
     if scale == 1 and parts == 1:
         return shape
     return (max(1, round(numel * scale / parts)),)
 
 
+def _rank(arch: Architecture, layout: Layout, rec: Recipe, rank: int, factor: float) -> RankPlan:
+    """One rank's tensors, every one resized by factor."""
+    dp, stage, tp = layout.coords(rank)
+    tensors = []
+    writes_weights = dp == 0 or layout.zero == 3
+    writes_state = dp == 0 or layout.zero in (1, 3)
+    # ZeRO splits the data-parallel replicas' share evenly; without it only dp 0 writes
+    w_parts = layout.dp if layout.zero == 3 else 1
+    s_parts = layout.dp if layout.zero in (1, 3) else 1
+    for name, shape in _stage_weights(arch, layout, stage, layout.tp):
+        if writes_weights:
+            tensors.append(TensorSpec(name, _scaled(shape, factor, w_parts), rec.weights,
+                                      "weights"))
+        if writes_state:
+            for st in rec.states:
+                base = shape if st.per_value == 1 else \
+                    (max(1, math.ceil(math.prod(shape) * st.per_value)),)
+                tensors.append(TensorSpec(f"optimizer.{st.name}.{name}",
+                                          _scaled(base, factor, s_parts), st.dtype, "optimizer"))
+    if writes_state and rec.states:
+        tensors.append(TensorSpec("optimizer.step", (1,), "int64", "state"))
+    return RankPlan(rank, (dp, stage, tp), tuple(tensors))
+
+
 def build_plan(model: str | Architecture, layout: Layout, recipe: str | Recipe,
-               scale: float = 1.0) -> Plan:
+               scale: float = 1.0, subset: int = 0) -> Plan:
     """Every rank's tensors. scale < 1 shrinks every tensor by that factor (stored flat),
-    keeping the rank count, the tensor count and how the bytes are spread over them."""
+    keeping the rank count, the tensor count and how the bytes are spread over them. subset
+    > 0: only the processes of one host in MLPerf's subset mode (see the module's doc)."""
     arch = MODELS[model] if isinstance(model, str) else model
     rec = RECIPES[recipe] if isinstance(recipe, str) else recipe
     if not 0 < scale <= 1:
@@ -254,29 +319,19 @@ def build_plan(model: str | Architecture, layout: Layout, recipe: str | Recipe,
         raise ValueError(f"{layout.pp} pipeline stages for {arch.layers} layers")
     if layout.zero not in (0, 1, 3):
         raise ValueError(f"ZeRO stage {layout.zero} is not 0, 1 or 3")
-    ranks = []
-    for rank in range(layout.ranks):
-        dp, stage, tp = layout.coords(rank)
-        tensors = []
-        writes_weights = dp == 0 or layout.zero == 3
-        writes_state = dp == 0 or layout.zero in (1, 3)
-        # ZeRO splits the data-parallel replicas' share evenly; without it only dp 0 writes
-        w_parts = layout.dp if layout.zero == 3 else 1
-        s_parts = layout.dp if layout.zero in (1, 3) else 1
-        for name, shape in _stage_weights(arch, layout, stage, layout.tp):
-            if writes_weights:
-                tensors.append(TensorSpec(name, _scaled(shape, scale, w_parts), rec.weights,
-                                          "weights"))
-            if writes_state:
-                for st in rec.states:
-                    base = shape if st.per_value == 1 else \
-                        (max(1, math.ceil(math.prod(shape) * st.per_value)),)
-                    tensors.append(TensorSpec(f"optimizer.{st.name}.{name}",
-                                              _scaled(base, scale, s_parts), st.dtype, "optimizer"))
-        if writes_state and rec.states:
-            tensors.append(TensorSpec("optimizer.step", (1,), "int64", "state"))
-        ranks.append(RankPlan(rank, (dp, stage, tp), tuple(tensors)))
-    return Plan(arch, layout, rec, scale, tuple(ranks))
+    if subset > layout.ranks:
+        raise ValueError(f"a subset of {subset} processes of a {layout.ranks}-rank layout")
+    factor = scale * arch.stretch
+    ranks = tuple(_rank(arch, layout, rec, r, factor) for r in range(layout.ranks))
+    full = sum(r.nbytes for r in ranks)
+    if subset:
+        # the layout's writing ranks spread evenly, each resized to the mean rank's share
+        writers = [r for r in ranks if r.nbytes]
+        mean = full / layout.ranks
+        picked = [writers[i * len(writers) // subset] for i in range(subset)]
+        ranks = tuple(_rank(arch, layout, rec, r.rank, factor * mean / r.nbytes)
+                      for r in picked)
+    return Plan(arch, layout, rec, scale, ranks, subset, full)
 
 
 def describe(plan: Plan) -> str:
@@ -290,20 +345,41 @@ def describe(plan: Plan) -> str:
         f"({m.kv_heads} KV heads, KV width {kv}), vocabulary {V}" + (f" [{m.note}]" if m.note else ""),
         "parameters = 2*V*h + L*(2h + h*(h + 2*kv) + h^2 + 3*h*ffn) + h",
         f"           = 2*{V}*{h} + {L}*{per_layer:,} + {h} = {n:,} ({n / 1e9:.2f} B)",
+    ]
+    if m.stretch != 1:
+        sized = n * m.stretch
+        lines += [f"published sizing: {m.published_weights:,} bytes of bf16 weights "
+                  f"({m.published_weights / 2**30:,.0f} GiB) = {sized:,.0f} parameters "
+                  f"({sized / 1e9:,.2f} B),",
+                  f"           {m.stretch:.4f}x the shape's: every tensor is stretched by that"]
+        n = sized
+    lines += [
         f"recipe {rec.name}: {rec.description}",
-        f"           {rec.bytes_per_param():.4f} B/param x {n:,} = {n * rec.bytes_per_param() / 1e9:,.1f} GB",
+        f"           {rec.bytes_per_param():.4f} B/param x {n:,.0f} = "
+        f"{n * rec.bytes_per_param() / 1e9:,.1f} GB = {n * rec.bytes_per_param() / 2**30:,.0f} GiB",
         f"layout TP{lay.tp} x PP{lay.pp} x DP{lay.dp} (ZeRO {lay.zero}): {lay.ranks} ranks"
         + (f", every tensor scaled by {plan.scale:g}" if plan.scale != 1 else ""),
-        "",
-        f"{'rank':>5} {'dp,pp,tp':>9} {'tensors':>8} {'weights':>12} {'optimizer':>12} {'total':>12}",
     ]
+    if plan.subset:
+        mean = plan.full_bytes / lay.ranks
+        lines += [f"subset (MLPerf, node-local storage): {plan.subset} processes on this host, "
+                  f"standing for the layout's ranks {', '.join(str(r.rank) for r in plan.ranks)},",
+                  f"           each sized to the mean rank's {_gb(round(mean))} = "
+                  f"{plan.full_bytes:,} / {lay.ranks} bytes"]
+    lines += ["", f"{'rank':>5} {'dp,pp,tp':>9} {'tensors':>8} {'weights':>12} {'optimizer':>12} "
+                  f"{'total':>12}"]
     for r in plan.ranks:
         lines.append(f"{r.rank:>5} {','.join(map(str, r.coords)):>9} {len(r.tensors):>8} "
                      f"{_gb(r.group_bytes('weights')):>12} {_gb(r.group_bytes('optimizer')):>12} "
                      f"{_gb(r.nbytes):>12}")
-    total = plan.nbytes
-    lines += ["", f"checkpoint: {total:,} bytes = {total / 1e9:,.2f} GB = {total / 2**30:,.2f} GiB "
-                  f"in {plan.tensors:,} tensors, {lay.ranks} files"]
+    total = plan.full_bytes
+    lines += ["", f"checkpoint: {total:,} bytes = {total / 1e9:,.2f} GB = {total / 2**30:,.2f} GiB, "
+                  f"{lay.ranks} files" + ("" if plan.subset else f", {plan.tensors:,} tensors")]
+    if plan.subset:
+        mine = plan.nbytes
+        lines.append(f"this host: {mine:,} bytes = {mine / 2**30:,.2f} GiB in {plan.subset} files, "
+                     f"{mine / total:.5f} of the checkpoint ({plan.subset}/{lay.ranks} = "
+                     f"{plan.subset / lay.ranks:.5f})")
     mlperf = MLPERF_LAYOUTS.get(m.name)
     if mlperf:
         tp, pp, dp, zero = mlperf

@@ -25,7 +25,7 @@ from qual import engine, honesty
 from qual.engine import DataMismatch, QualError
 from qual.target import device_stat
 from qual.target.scratch import drop_cache
-from qual.workloads.checkpoint.plan import Layout, RankPlan, build_plan
+from qual.workloads.checkpoint.plan import RankPlan, plan_from
 from qual.workloads.checkpoint.store import CheckpointStore, IncompleteCheckpoint, rank_file
 
 TENSOR_ALIGN = 64  # every tensor starts on a 64-byte boundary in its file
@@ -65,9 +65,7 @@ class Rank:
 
         self.dist = dist
         self.job, self.rank, self.world = job, rank, world
-        p = job["plan"]
-        self.plan = build_plan(p["model"], Layout(p["tp"], p["pp"], p["dp"], p["zero"]),
-                               p["recipe"], p["scale"])
+        self.plan = plan_from(job["plan"])
         if world > len(self.plan.ranks):
             raise QualError(errno.EINVAL, f"{world} processes for a {len(self.plan.ranks)}-rank layout")
         self.me = self.plan.ranks[rank]
