@@ -23,7 +23,7 @@ int qual_fcache_close(struct qual_fcache *c)
     free(c->slot_of);
     free(c->window);
     free(c->cpu_row);
-    free(c->mem);
+    io_memory_free(c->mem, c->o.capacity * c->o.page_size);
     free(c->slot_page);
     free(c->refs);
     free(c->recent);
@@ -118,17 +118,13 @@ int qual_fcache_open(const struct qual_fcache_opts *o, struct qual_fcache **out)
     c->recent = calloc(o->capacity, 1);
     c->loading = calloc(o->capacity, 1);
     c->iov = malloc((size_t)o->queue_depth * o->max_coalesce * sizeof(*c->iov));
-    void *mem = NULL;
-    if (posix_memalign(&mem, o->page_size < 4096 ? 4096 : o->page_size,
-                       o->capacity * o->page_size) == 0)
-        c->mem = mem;
+    c->mem = io_memory_alloc(o->capacity * o->page_size, o->page_size);
     if (!c->slot_of || !c->window || !c->slot_page || !c->refs || !c->recent || !c->loading ||
         !c->iov || !c->mem) {
         rc = qual_set_error(-ENOMEM, "no memory for a %llu-page cache over %llu pages",
                             (unsigned long long)o->capacity, (unsigned long long)c->pages);
         goto fail;
     }
-    memset(c->mem, 0, o->capacity * o->page_size); /* fault the pages in once, up front */
     memset(c->slot_of, 0xff, c->pages * sizeof(*c->slot_of));
     for (uint64_t s = 0; s < o->capacity; s++)
         c->slot_page[s] = -1;

@@ -30,6 +30,11 @@ int target_open(const char *path, int flags, const struct qual_inode *expect, co
 int resolve_backend(int requested, int *chosen);
 void process_cpu(double *user, double *sys);
 
+/* ---- memory I/O lands in (memory.c): fresh, zeroed, aligned to `align` (at least a page;
+ * 2 MiB with huge pages from 2 MiB up) and faulted in; NULL when there is none */
+void *io_memory_alloc(size_t len, size_t align);
+void io_memory_free(void *mem, size_t len);
+
 /* ---- PRNG (pattern.c): xoshiro256** seeded through splitmix64 */
 struct rng {
     uint64_t s[4];

@@ -97,15 +97,10 @@ int ioq_open(struct ioq **out, const struct ioq_opts *o)
     if (!q->ios || !q->free_slots)
         rc = qual_set_error(-ENOMEM, "cannot allocate %u I/O slots", o->depth);
     if (!rc && o->buf_len) {
-        void *mem = NULL;
-        size_t align = o->align < 4096 ? 4096 : o->align;
-        rc = -posix_memalign(&mem, align, o->buf_len * o->depth);
-        if (rc)
-            rc = qual_set_error(rc, "cannot allocate %u x %zu bytes of I/O buffers", o->depth,
-                                o->buf_len);
-        else
-            memset(mem, 0, o->buf_len * o->depth); /* fault the pages in before any I/O */
-        q->bufs = mem;
+        q->bufs = io_memory_alloc(o->buf_len * o->depth, o->align);
+        if (!q->bufs)
+            rc = qual_set_error(-ENOMEM, "cannot allocate %u x %zu bytes of I/O buffers",
+                                o->depth, o->buf_len);
     }
     for (unsigned i = 0; i < o->depth; i++)
         q->free_slots[i] = o->depth - 1 - i;
@@ -144,7 +139,7 @@ void ioq_close(struct ioq *q)
         q->be->close(q->state, q->wedged);
     if (q->wedged)
         return; /* the kernel may still write into the buffers: they are left to it */
-    free(q->bufs);
+    io_memory_free(q->bufs, q->o.buf_len * q->o.depth);
     free(q->ios);
     free(q->free_slots);
     free(q);
