@@ -288,7 +288,7 @@ int qual_fcache_set_cpu_buffer(struct qual_fcache *c, const int64_t *rows, uint6
         .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
         .single_issuer = 1,
     };
-    struct ioq_client cl = {&f, cpu_fill_next, cpu_fill_done};
+    struct ioq_client cl = {&f, cpu_fill_next, cpu_fill_done, NULL};
     rc = ioq_run_once(&qo, &cl);
     if (rc) {
         memset(c->cpu_row, 0xff, c->o.rows * sizeof(*c->cpu_row));

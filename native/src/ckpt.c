@@ -230,7 +230,7 @@ static void run_queue(struct ckpt_run *c, int backend)
         .nfaults = f->nfaults,
         .single_issuer = 1,
     };
-    struct ioq_client cl = {c, chunk_next, chunk_done};
+    struct ioq_client cl = {c, chunk_next, chunk_done, NULL};
     int rc = ioq_run_once(&o, &cl);
     if (rc)
         fail(c, rc, c->res->error_op, 0, "%s", qual_last_error());

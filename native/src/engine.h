@@ -93,6 +93,9 @@ struct ioq_client {
     /* A completion: res is the bytes moved or -errno (faults applied), lat_ns its latency.
      * 0 to go on, or a negative errno to stop; what is in flight then drains. */
     int (*done)(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns);
+    /* Optional: work done while I/Os are in flight (after what is staged goes to the kernel,
+     * before the wait), so that it does not hold back the next submissions. */
+    void (*between)(void *ctx);
 };
 
 struct ioq_opts {

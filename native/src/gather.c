@@ -201,8 +201,13 @@ static int run_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t la
     for (uint64_t p = io->tag; p < io->tag + io->len / c->o.page_size; p++)
         c->loading[c->slot_of[p]] = 0;
     c->st.read_bytes += io->len;
-    copy_ready(g);
-    return 0;
+    return 0; /* its rows are copied out between submissions (between) */
+}
+
+/* While the next reads are with the device: copy out the rows whose pages have landed. */
+static void run_between(void *ctx)
+{
+    copy_ready(ctx);
 }
 
 /* After a failure: pages not read hold no valid data, and nothing stays held. */
@@ -249,7 +254,7 @@ int qual_fcache_gather(struct qual_fcache *c, const int64_t *rows, uint64_t n, v
                   *g = &gs;
     uint64_t t0 = now_ns();
     ioq_set_cancel(c->q, &ctl->cancel);
-    struct ioq_client cl = {g, run_next, run_done};
+    struct ioq_client cl = {g, run_next, run_done, run_between};
     rc = ioq_run(c->q, &cl);
     c->st.io_ns += now_ns() - t0;
     if (rc)

@@ -281,6 +281,13 @@ int ioq_run(struct ioq *q, const struct ioq_client *c)
             timeout = o->deadline_ns > now ? o->deadline_ns - now : 0;
         if (timeout > POLL_NS)
             timeout = POLL_NS;
+        if (c->between && !wait_only) {
+            /* hand over first, then the client's work overlaps the device's; a refusal here
+             * is met again by the submission with the wait below */
+            if (q->be->pending(q->state))
+                (void)q->be->enter(q->state, 1, 0, 0);
+            c->between(c->ctx);
+        }
         int e = q->be->enter(q->state, !wait_only, 1, timeout);
         q->staged = 0;
         unsigned reaped = 0, slot;

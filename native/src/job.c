@@ -259,7 +259,7 @@ static void *worker_main(void *p)
         pthread_cond_wait(&run->gate_cv, &run->gate);
     pthread_mutex_unlock(&run->gate);
     if (!__atomic_load_n(&run->setup_failed, __ATOMIC_RELAXED)) {
-        struct ioq_client c = {w, worker_next, worker_done};
+        struct ioq_client c = {w, worker_next, worker_done, NULL};
         ioq_set_deadline(w->q, run->deadline_ns);
         rc = ioq_run(w->q, &c);
         if (rc)

@@ -147,7 +147,7 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
         r->next = r->bytes = 0;
         r->err_off = UINT64_MAX;
         r->err = 0;
-        struct ioq_client c = {r, block_next, block_done};
+        struct ioq_client c = {r, block_next, block_done, NULL};
         rc = ioq_run(r->q, &c);
         if (!rc)
             rc = r->err;

@@ -261,7 +261,7 @@ int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct q
         .single_issuer = 1,
     };
     uint64_t t0 = now_ns();
-    struct ioq_client c = {&ps, block_next, block_done};
+    struct ioq_client c = {&ps, block_next, block_done, NULL};
     rc = ioq_run_once(&qo, &c);
     if (!rc && o->op == QUAL_OP_WRITE && fdatasync(fd))
         rc = qual_set_error(-errno, "fdatasync %s: %s", path, strerror(errno));
