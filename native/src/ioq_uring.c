@@ -290,7 +290,7 @@ static int uring_enter(void *state, int submit, int wait, uint64_t timeout_ns)
     memset(&arg, 0, sizeof(arg));
     arg.ts = (uint64_t)(uintptr_t)&ts;
     unsigned flags = wait ? IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG : 0;
-    int ret = sys_enter(r->fd, to_submit, wait ? 1 : 0, flags, wait ? &arg : NULL,
+    int ret = sys_enter(r->fd, to_submit, wait > 0 ? (unsigned)wait : 0, flags, wait ? &arg : NULL,
                         wait ? sizeof(arg) : 0);
     if (ret >= 0)
         return 0;
