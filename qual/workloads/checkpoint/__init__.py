@@ -259,8 +259,7 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     plan = plan_of(table)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     leader = not torchrun or os.environ["RANK"] == "0"
-    processes = int(os.environ["WORLD_SIZE"]) if torchrun else len(plan.ranks) \
-        if plan.subset else table["ranks"] or plan.layout.ranks
+    processes = int(os.environ["WORLD_SIZE"]) if torchrun else table["ranks"] or len(plan.ranks)
     store = CheckpointStore(folder)
     if leader:  # with torchrun the other ranks wait for rank 0 inside the process group
         folder.mkdir(parents=True, exist_ok=True)
@@ -324,7 +323,7 @@ def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> Check
     workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
     (workdir / "errors").mkdir()
     job = {"root": str(ckpt.parent.parent), "restore_path": str(ckpt),
-           "plan": plan_from(p).keys(),
+           "plan": p,  # the manifest's plan summary names the plan (plan_from)
            "passes": 0, "per_pass": 0, "retention": 0, "restore": True, "baseline": False,
            "baseline_bytes": 0, "chunk_size": manifest["chunk_size"],
            "queue_depth": table["queue_depth"], "align": manifest["align"],
