@@ -1,8 +1,9 @@
 /* gather.c — copy feature rows out of the cache into caller memory, reading what is missing,
  * as one stream: the row scan hands each window of missing pages (sorted, adjacent pages
- * coalesced) to the queue while earlier reads are in flight, and rows are copied out, in
- * order, as their pages land, so the queue stays full from the first read to the last. Every
- * page is read once per gather; a gather bigger than the cache waits for copies to free slots. */
+ * coalesced; in row order when coalescing is off) to the queue while earlier reads are in
+ * flight, and rows are copied out, in order, as their pages land, so the queue stays full
+ * from the first read to the last. Every page is read once per gather; a gather bigger than
+ * the cache waits for copies to free slots. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +132,7 @@ static int scan(struct gather *g)
     return 0;
 }
 
-/* The next window: scanned, sorted; IOQ_LATER when the cache is held whole by reads in flight
+/* The next window: scanned, sorted when pages may coalesce; IOQ_LATER when the cache is held whole by reads in flight
  * and rows not yet copied. */
 static int refill(struct gather *g)
 {
@@ -146,7 +147,8 @@ static int refill(struct gather *g)
                                   "pages", (unsigned long long)g->c->o.capacity,
                                   g->c->row_pages);
     }
-    qsort(g->win, g->nwin, sizeof(*g->win), fcache_cmp_page);
+    if (g->c->o.max_coalesce > 1) /* else row order: the order in which rows copy out */
+        qsort(g->win, g->nwin, sizeof(*g->win), fcache_cmp_page);
     return 0;
 }
 
