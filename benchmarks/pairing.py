@@ -51,34 +51,45 @@ class Pairing:
                                                              for r in rounds)
             shares = [r["device_share"] for r in rounds if r["device_share"] is not None]
             out[f"{side}_device_share_min"] = min(shares) if shares else None
-        pairs = list(zip(self.rounds["qual"], self.rounds["fio"]))
-        if pairs:
-            out["bw_ratio"] = statistics.median(
-                (q["bytes"] / q["seconds"]) / (f["bytes"] / f["seconds"]) for q, f in pairs)
-            cpu = [(q["cpu_s"] / q["bytes"]) / (f["cpu_s"] / f["bytes"]) for q, f in pairs
-                   if f["cpu_s"] > 0]  # a run too short for fio to count its CPU has none
-            out["cpu_per_gib_ratio"] = statistics.median(cpu) if cpu else None
-            out["rounds"] = len(pairs)
-        bw = lambda r: r["bytes"] / r["seconds"]  # noqa: E731
+        bw, cpu = _ratios(self.rounds["qual"], self.rounds["fio"])
+        if bw is not None:
+            out.update(bw_ratio=bw, cpu_per_gib_ratio=cpu,
+                       rounds=min(len(self.rounds["qual"]), len(self.rounds["fio"])))
         for other, rounds in self.rounds.items():  # a third tool: both measured against it
             if other in ("qual", "fio") or not rounds:
                 continue
             for side in ("qual", "fio"):
-                mine = list(zip(self.rounds[side], rounds))
-                if mine:
-                    out[f"{side}_bw_ratio_vs_{other}"] = statistics.median(
-                        bw(a) / bw(b) for a, b in mine)
+                bw, cpu = _ratios(self.rounds[side], rounds)
+                if bw is not None:
+                    out[f"{side}_bw_ratio_vs_{other}"] = bw
+                    out[f"{side}_cpu_per_gib_ratio_vs_{other}"] = cpu
         return out
 
 
+def _ratios(mine: list[dict], theirs: list[dict]) -> tuple[float | None, float | None]:
+    """Medians over paired rounds of bandwidth mine / theirs and of CPU seconds per byte."""
+    pairs = list(zip(mine, theirs))
+    if not pairs:
+        return None, None
+    bw = lambda r: r["bytes"] / r["seconds"]  # noqa: E731
+    per_byte = lambda r: r["cpu_s"] / r["bytes"]  # noqa: E731
+    cpu = [per_byte(a) / per_byte(b) for a, b in pairs
+           if b["cpu_s"] > 0]  # a run too short for a tool to count its CPU has none
+    return (statistics.median(bw(a) / bw(b) for a, b in pairs),
+            statistics.median(cpu) if cpu else None)
+
+
 def fio(path: Path, rw: str, bs: int, depth: int, *, size: int, runtime: float | None = None,
-        rwmixread: int | None = None):
+        rwmixread: int | None = None, verify: bool = False):
     """fio with io_uring and O_DIRECT: (bytes, seconds, CPU seconds), reads and writes together.
     A job that writes (write, randwrite, randrw with rwmixread) syncs at the end (end_fsync,
-    inside fio's time); a pure write lays down a fresh, preallocated file."""
+    inside fio's time); a pure write lays down a fresh, preallocated file. With verify, every
+    block carries a CRC32C (--verify=crc32c): a write stamps it, a read checks it."""
     cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={depth}", f"--size={size}", "--direct=1", "--ioengine=io_uring",
            "--randrepeat=0", "--output-format=json"]
+    if verify:
+        cmd += ["--verify=crc32c", "--do_verify=0" if "write" in rw else "--verify_fatal=1"]
     if runtime:
         cmd += [f"--runtime={runtime}", "--time_based=1"]
     if rwmixread is not None:
