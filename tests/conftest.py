@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 from testbed import sh, write_pattern_file
+
+# The Ctrl-C tests send SIGINT to qual processes they start. A shell starts a background job
+# with SIGINT ignored, and an ignored signal stays ignored across exec, so every such child
+# would shrug the signal off (Python installs its KeyboardInterrupt handler only where SIGINT
+# is not ignored). With a handler here, children start with the default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
