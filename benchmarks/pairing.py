@@ -89,7 +89,8 @@ def fio(path: Path, rw: str, bs: int, depth: int, *, size: int, runtime: float |
            f"--iodepth={depth}", f"--size={size}", "--direct=1", "--ioengine=io_uring",
            "--randrepeat=0", "--output-format=json"]
     if verify:
-        cmd += ["--verify=crc32c", "--do_verify=0" if "write" in rw else "--verify_fatal=1"]
+        cmd += ["--verify=crc32c", "--verify_state_save=0",  # no state file in the cwd
+                "--do_verify=0" if "write" in rw else "--verify_fatal=1"]
     if runtime:
         cmd += [f"--runtime={runtime}", "--time_based=1"]
     if rwmixread is not None:
