@@ -132,8 +132,8 @@ static int scan(struct gather *g)
     return 0;
 }
 
-/* The next window: scanned, sorted when pages may coalesce; IOQ_LATER when the cache is held whole by reads in flight
- * and rows not yet copied. */
+/* The next window: scanned, sorted when pages may coalesce; IOQ_LATER when the cache is held
+ * whole by reads in flight and rows not yet copied. */
 static int refill(struct gather *g)
 {
     int rc = scan(g);
