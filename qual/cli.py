@@ -18,6 +18,7 @@ from pathlib import Path
 
 from qual import command, engine, record, report, shipped, units
 from qual.engine import QualError
+from qual.plugin.session import LAST_RECORD
 from qual.record import RECORD_NAME
 from qual.target import Target
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
@@ -68,6 +69,10 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     run.add_argument("--profile", default="ci", help="profile name or .toml path (default ci)")
     run.add_argument("--results", default="qual-results",
                      help="folder for qual-run.json and allure-results/ (default qual-results)")
+    run.add_argument("--plan", action="store_true",
+                     help="print what the run would do (tests, bytes, estimated seconds) and "
+                          "every reason it cannot go ahead; run nothing (exit 4 if refused)")
+    run.add_argument("--json", action="store_true", help="with --plan: the plan as JSON")
 
     for family in families.values():
         if family.run is not None:
@@ -355,16 +360,48 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
 
     results = Path(args.results)
     alluredir = results / "allure-results"
-    # Allure results accumulate across runs: start clean, here and not under xdist workers
-    shutil.rmtree(alluredir, ignore_errors=True)
-    (results / RECORD_NAME).unlink(missing_ok=True)
-    for old in results.glob(f"*/{RECORD_NAME}"):  # a previous multi-drive run's records
-        old.unlink()
     suites = [str(shipped("suites"))] + [str(f.suite) for f in families.values() if f.suite]
-    argv = [*suites, f"--qual-profile={args.profile}",
-            f"--qual-results={results}", f"--alluredir={alluredir}", "-p", "no:cacheprovider", "-p", "no:benchmark"]
+    argv = [*suites, f"--qual-profile={args.profile}", f"--qual-results={results}",
+            "-p", "no:cacheprovider", "-p", "no:benchmark"]
     argv += [f"--qual-target={t}" for t in args.target or ()]
-    return int(pytest.main(argv + extra))
+    if args.plan:
+        return _plan(argv + extra, args.json)
+    if args.json:
+        raise QualError(errno.EINVAL, "--json goes with --plan (the run's record is "
+                                      f"{results / RECORD_NAME})")
+    # Allure results accumulate across runs: start clean, here and not under xdist workers.
+    # The last record stays beside the new one's place: the plan's estimates learn from it.
+    shutil.rmtree(alluredir, ignore_errors=True)
+    for old in [results / RECORD_NAME, *results.glob(f"*/{RECORD_NAME}")]:
+        if old.exists():
+            old.replace(old.with_name(LAST_RECORD))
+    return int(pytest.main(argv + [f"--alluredir={alluredir}"] + extra))
+
+
+def _plan(argv: list[str], as_json: bool) -> int:
+    """`qual run --plan`: the suites collected (nothing run), the plan printed."""
+    import contextlib
+    import io
+
+    import pytest
+
+    with tempfile.TemporaryDirectory(prefix="qual-plan-") as scratch:
+        out = Path(scratch) / "plan.json"
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            code = int(pytest.main([*argv, f"--qual-plan={out}", "-q", "-n", "0"]))
+        if not out.exists():  # refused before a plan (bad profile, options): pytest said why
+            sys.stderr.write(said.getvalue())
+            return code
+        doc = json.loads(out.read_text())
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        from qual.plan import plan_lines
+        for plan in doc.get("drives", [doc]):
+            for line in plan_lines(plan):
+                print(line)
+    return code
 
 
 def cmd_profiles(families: dict, check: str | None = None) -> int:

@@ -75,3 +75,42 @@ def measurement_id(metric: Metric, params: dict[str, object]) -> str:
     shown = ",".join(f"{p.name}={p.show(params[p.name])}" for p in metric.params
                      if p.name in params)
     return f"{metric.name}[{shown}]" if shown else metric.name
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a plan assumes of the target and the host before anything is measured: the
+    target's durable sequential write and read bandwidth (bytes/s), its 4 KiB random write
+    IOPS, and how many times slower than qual's reference host (2 cores, KVM) this host
+    computes; `room`, the bytes a family may fill (the target's capacity, or its filesystem's
+    free space), None where unknown. A plan refines the rates from the last run on the same
+    host (qual.plan)."""
+
+    write_bw: float = 1.0e9
+    read_bw: float = 1.5e9
+    iops_4k: float = 50_000.0
+    cpu: float = 1.0
+    room: int | None = None
+
+    def moved(self, op: str, bs: int, qd: int, seconds: float) -> int:
+        """Bytes a time-bound job of `op` ("read", "write", "mixed") at block size `bs` and
+        depth `qd` moves in `seconds`: the bandwidth, or the IOPS of small blocks at shallow
+        depth (4 KiB IOPS, a quarter of them at depth 1)."""
+        bw = self.read_bw if op == "read" else self.write_bw
+        iops = self.iops_4k * min(1.0, (qd + 3) / 32)
+        return int(seconds * min(bw, iops * bs))
+
+
+@dataclass(frozen=True)
+class Work:
+    """Part of what one test of a family's suite does to the target: its estimated seconds,
+    the bytes it writes and reads, and the room it needs on the target at once (`space`,
+    described by `what` in a refusal). Work with the same `key` is shared (a dataset, a
+    module's workload run): it runs once, in the first selected test that needs it."""
+
+    key: str
+    seconds: float
+    bytes_written: int = 0
+    bytes_read: int = 0
+    space: int = 0
+    what: str = ""

@@ -26,7 +26,8 @@ from qual.workloads.base import Family, Settings
 from qual.record import DEFAULT_TOLERANCE
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
-                "peak_read_bw")
+                "peak_read_bw", "filesystem", "filesystem_options")
+FILESYSTEMS = ("ext4", "xfs")  # what qual makes on a raw namespace for the file families
 LINK = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s\s+x(\d+)\s*$")  # "32 GT/s x4": the class's host link
 DEVICE_TRUTH = ("required", "optional")  # optional: judged without it, with a caveat
 CRITERION_KEYS = ("metric", "params", "min", "max", "unit", "source", "severity", "tolerance")
@@ -160,6 +161,8 @@ class Profile:
     device_truth: str = "required"  # a claim on the device is judged only with its counters
     link: str | None = None  # the drive class's host link, "32 GT/s x4"
     peak_read_bw: dict = field(default_factory=dict)  # block size -> the class's published peak
+    filesystem: str = "ext4"  # made on a raw namespace for the file families
+    filesystem_options: tuple[str, ...] | None = None  # mkfs options; None: qual's defaults
 
     @property
     def gated_severities(self) -> tuple[str, ...]:
@@ -175,6 +178,7 @@ class Profile:
         return {"name": self.name, "path": str(self.path), "digest": self.digest,
                 "description": self.description, "tolerance": self.tolerance,
                 "gate": self.gate, "device_truth": self.device_truth,
+                "filesystem": self.filesystem, "filesystem_options": self.filesystem_options,
                 "files": [str(f) for f in self.files],
                 "tolerances": {c.id: c.tolerance for c in self.criteria
                                if c.tolerance is not None}}
@@ -225,7 +229,9 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    tables={k: Settings(v) for k, v in tables.items()},
                    criteria=tuple(criteria.values()), gate=info.get("gate", DEFAULT_GATE),
                    device_truth=info.get("device_truth", "required"), link=info.get("link"),
-                   peak_read_bw=info.get("peak_read_bw", {}))
+                   peak_read_bw=info.get("peak_read_bw", {}),
+                   filesystem=info.get("filesystem", "ext4"),
+                   filesystem_options=info.get("filesystem_options"))
 
 
 def family_table(fam: Family, given: dict, *, base: dict | None = None,
@@ -344,6 +350,18 @@ def _parse_profile_table(value, label, problems) -> dict:
             if not isinstance(v, dict):
                 problems.append((label, where, "must be a table of block size = bandwidth"))
             out[key] = peaks
+        elif key == "filesystem":
+            if v not in FILESYSTEMS:
+                problems.append((label, where, f"{v!r} is not a filesystem qual makes "
+                                               f"({', '.join(FILESYSTEMS)})"))
+            else:
+                out[key] = v
+        elif key == "filesystem_options":
+            if not isinstance(v, list) or not all(isinstance(o, str) and o for o in v):
+                problems.append((label, where, "must be a list of mkfs options, e.g. "
+                                               "[\"-E\", \"lazy_itable_init=0\"]"))
+            else:
+                out[key] = tuple(v)
         elif key == "gate":
             if v not in SEVERITIES:
                 problems.append((label, where, f"{v!r} is not a severity ({', '.join(SEVERITIES)})"))

@@ -15,8 +15,8 @@ import pytest
 
 from qual import thresholds
 from qual.plugin.recorder import Recorder
-from qual.plugin.session import (DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY,
-                                 STATUS, TARGET_INFO, QualSession, qual_session)
+from qual.plugin.session import (DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY, STATUS,
+                                 TARGET_INFO, WHERE, QualSession, qual_session)
 from qual.record import Measurement
 from qual.target import DEFAULT_TARGET
 from qual.workloads import health
@@ -54,6 +54,9 @@ def pytest_addoption(parser):
                 help="keep qual's scratch file after the run (the next run reuses it)")
     g.addoption("--qual-seed", type=int, default=1, metavar="N",
                 help="seed of random offsets and write data (default 1, so runs are comparable)")
+    g.addoption("--qual-plan", default=None, metavar="FILE",
+                help="make the run's plan (tests, bytes, estimated seconds, refusals), write it "
+                     "to FILE as JSON (- for stdout) and run nothing")
 
 
 def pytest_configure(config):
@@ -80,20 +83,20 @@ def pytest_generate_tests(metafunc):
     """Several --qual-target: every test that touches a drive runs once per drive."""
     specs = qual_session(metafunc.config).target_specs
     if "target" in metafunc.fixturenames and len(specs) > 1:
-        metafunc.parametrize("target", specs, indirect=True, scope="session",
+        metafunc.parametrize("target", specs, indirect=True, scope="module",
                              ids=[f"drive{i}" for i in range(len(specs))])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def target(request):
-    """The target under qualification; qual's scratch file is removed at the end."""
+    """The target under qualification, held (locked) from its first test to the end of the
+    session, when qual's scratch file and filesystem go. On a raw namespace, a file family's
+    suite gets a folder on the filesystem qual makes on the device (docs/ARCHITECTURE.md, "A
+    raw namespace")."""
     session = qual_session(request.config)
-    t = session.open_target(getattr(request, "param", session.target_specs[0]))
-    t.lock()
-    yield t
-    if not request.config.option.qual_keep_scratch:
-        t.cleanup()
-    t.unlock()
+    spec = getattr(request, "param", session.target_specs[0])
+    family = session.families.get(_family_of(request.node) or "")
+    return session.held_target(spec, filesystem=bool(family and family.filesystem))
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +193,7 @@ def pytest_runtest_makereport(item, call):
     if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
         session = qual_session(item.config)
         spec = session.spec_of(item)
-        extra = [(QUAL_TEST, True), (DRIVE, spec)]
+        extra = [(QUAL_TEST, True), (DRIVE, spec), (WHERE, session.where(spec, _family_of(item)))]
         if rep.failed:
             exc = call.excinfo
             judged = rep.when == "call" and exc is not None and \

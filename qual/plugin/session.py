@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -14,6 +17,8 @@ import pytest
 
 from qual import engine, report, thresholds
 from qual.engine import QualError
+from qual.plan import Plan, Selected, make_plan
+from qual.target.filesystem import OPTIONS as MKFS_OPTIONS, QualFilesystem, private_mounts
 from qual.judge import EXIT_INCOMPLETE
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
 from qual.record import RECORD_NAME, Baseline, Measurement, drive_model, new_record, summarize, write_record
@@ -22,9 +27,19 @@ from qual.workloads import registry
 
 SESSION_KEY = pytest.StashKey["QualSession"]()
 # keys of report.user_properties: how a worker's results reach the controller under xdist
-STATUS, QUAL_TEST, TARGET_INFO, DRIVE = "qual_status", "qual_test", "qual_target", "qual_drive"
+STATUS, QUAL_TEST, TARGET_INFO, DRIVE, WHERE = ("qual_status", "qual_test", "qual_target",
+                                              "qual_drive", "qual_where")
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
+EXIT_REFUSED = 4  # the plan refused the run: nothing was written
+LAST_RECORD = ".last-" + RECORD_NAME  # the previous run's record, kept by `qual run` for the plan
+
+
+def _is_block(spec: str) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(spec).st_mode)
+    except OSError:
+        return False
 
 
 def qual_session(config) -> QualSession:
@@ -88,6 +103,16 @@ class QualSession:
         self.targets_reported: dict[str, dict] = {}
         self.records: dict[str, tuple[Path, dict]] = {}
         self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.plans: dict[str, Plan] = {}
+        self._held: set[str] = set()
+        self._filesystems: dict[str, QualFilesystem] = {}
+        self._fs_targets: dict[str, Target] = {}
+        self.raw = {spec for spec in specs if _is_block(spec)}
+        if self.raw and os.geteuid() == 0:
+            # now, while this process has one thread: the filesystem qual may make on the
+            # device is mounted where only this process sees it (target/filesystem.py)
+            with contextlib.suppress(QualError):
+                private_mounts()
 
     def open_target(self, spec: str) -> Target:
         if spec not in self._targets:
@@ -107,6 +132,51 @@ class QualSession:
             self._targets[spec] = t
         return self._targets[spec]
 
+    def held_target(self, spec: str, *, filesystem: bool = False) -> Target:
+        """The target, locked for this session from its first test on; with `filesystem`, on
+        a block device, a folder on the filesystem qual makes there (after the guard)."""
+        raw = self.open_target(spec)
+        if spec not in self._held:
+            raw.lock()
+            self._held.add(spec)
+            self.config.add_cleanup(lambda: self._release(spec))
+        if not filesystem or raw.kind != "block":
+            return raw
+        if spec not in self._fs_targets:
+            raw.check_guard()
+            raw.release_claim()  # mkfs, then the mount, hold the device exclusively
+            fs = QualFilesystem(str(raw.path), self.profile.filesystem,
+                                                  self.profile.filesystem_options)
+            self._filesystems[spec] = fs
+            self.progress(f"making qual's {fs.kind} filesystem on {spec} for the file families")
+            t = Target(fs.make())
+            t.progress = self.progress
+            self._fs_targets[spec] = t
+        return self._fs_targets[spec]
+
+    def _release(self, spec: str) -> None:
+        """At the end of the session, however it ends: qual's scratch files go (unless kept),
+        its filesystem is unmounted and erased, and the device is let go."""
+        keep = self.config.option.qual_keep_scratch
+        try:
+            t = self._fs_targets.pop(spec, None)
+            if t is not None and not keep:
+                t.cleanup()
+            fs = self._filesystems.pop(spec, None)
+            if fs is not None:
+                fs.close()
+            if not keep:
+                self._targets[spec].cleanup()
+        finally:
+            self._targets[spec].unlock()
+
+    def where(self, spec: str, family: str | None) -> str:
+        """Where a family's tests run on this drive: raw, on qual's filesystem, or in a file."""
+        fam = self.families.get(family or "")
+        if spec not in self.raw:
+            return "file"
+        return "filesystem" if fam and fam.filesystem else "raw"
+
     def spec_of(self, item) -> str:
         """The drive a test runs on: its `target` parameter, else the only target."""
         callspec = getattr(item, "callspec", None)
@@ -119,8 +189,9 @@ class QualSession:
         if t is None or spec in self._sent:
             return None
         self._sent.add(spec)
+        plan = self.plans.get(spec)
         return {"spec": t.spec, "kind": t.kind, "path": str(t.path),
-                "identity": t.identity.as_dict()}
+                "identity": t.identity.as_dict(), "plan": plan.as_dict() if plan else None}
 
     def drive_label(self, spec: str) -> str:
         t = self._targets.get(spec)
@@ -155,6 +226,67 @@ class QualSession:
         if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.spec_of(item)}"))
 
+    def family_of(self, item) -> str | None:
+        return next((m.name for m in item.iter_markers() if m.name in self.families), None)
+
+    def pytest_collection_modifyitems(self, session, config, items):
+        """On a raw namespace the raw suites run first, then the file families' suites on the
+        filesystem qual makes once they are done (docs/ARCHITECTURE.md, "A raw namespace")."""
+        if self.raw:
+            items[:] = sorted(items, key=lambda it: self.spec_of(it) in self.raw and
+                              self.where(self.spec_of(it), self.family_of(it)) == "filesystem")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session):
+        """The plan of every drive, from the tests selected (after -k and -m), before any I/O:
+        written and the run ended with --qual-plan; otherwise a refusal ends the run here with
+        exit 4, each reason named once."""
+        opt = self.config.option
+        if not session.items or (opt.collectonly and not opt.qual_plan):
+            return
+        selected: dict[str, list[Selected]] = {spec: [] for spec in self.target_specs}
+        for item in session.items:
+            if not QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+                continue
+            family = self.family_of(item)
+            params = {k: v for k, v in getattr(item, "callspec", None).params.items()
+                      if k != "target"} if hasattr(item, "callspec") else {}
+            selected[self.spec_of(item)].append(Selected(
+                item.nodeid, family or "", item.originalname, next(iter(params.values()), None),
+                item.get_closest_marker("destructive") is not None))
+        try:
+            for spec, chosen in selected.items():
+                if chosen:
+                    self.plans[spec] = self.make_plan(spec, chosen)
+        except QualError as e:
+            pytest.exit(f"qual: the run cannot be planned: {e}", returncode=EXIT_REFUSED)
+        refused = [f"{spec}: {r}" if len(self.plans) > 1 else r
+                   for spec, plan in self.plans.items() for r in plan.refusals]
+        if opt.qual_plan:
+            docs = [p.as_dict() for p in self.plans.values()]
+            text = json.dumps(docs[0] if len(docs) == 1 else {"drives": docs}, indent=2)
+            if opt.qual_plan == "-":
+                print(text)
+            else:
+                Path(opt.qual_plan).write_text(text + "\n")
+            pytest.exit("qual: plan made, nothing run", returncode=EXIT_REFUSED if refused else 0)
+        if refused:
+            pytest.exit("qual: refused before any I/O, nothing was written:\n" +
+                        "\n".join(f"  - {r}" for r in refused), returncode=EXIT_REFUSED)
+
+    def make_plan(self, spec: str, selected: list[Selected]) -> Plan:
+        target = self.open_target(spec)
+        previous = None
+        for path in (self.record_path(spec), self.record_path(spec).with_name(LAST_RECORD)):
+            with contextlib.suppress(OSError, ValueError):
+                previous = json.loads(path.read_text())
+                break
+        fs = {"type": self.profile.filesystem,
+              "options": list(self.profile.filesystem_options
+                              or MKFS_OPTIONS[self.profile.filesystem])}
+        return make_plan(selected, target, self.profile, self.families, filesystem=fs,
+                         keep=self.config.option.qual_keep_scratch, previous=previous)
+
     def pytest_runtest_logreport(self, report):
         if not self.controller:
             return
@@ -169,6 +301,8 @@ class QualSession:
             "outcome": "passed", "duration_s": 0.0, "message": None,
             "measurements": [], "verdicts": [], "regressions": []})
         entry["duration_s"] += report.duration
+        if WHERE in props:
+            entry["where"] = props[WHERE]
         if PAYLOAD in props and report.when == "call":
             entry.update(props[PAYLOAD])
         if report.failed and entry["outcome"] != "failed":
@@ -193,6 +327,7 @@ class QualSession:
         baseline = self.baselines.get(spec)
         record["baseline"] = str(baseline.path) if baseline else None
         record["tests"] = tests
+        record["plan"] = target.get("plan")
         record["summary"] = summarize(tests, self.profile)
         return record
 

@@ -134,6 +134,19 @@ class Target:
         free = shutil.disk_usage(self._existing()).free
         return existing + max(0, free - SPACE_RESERVE)
 
+    def offer(self) -> str:
+        """What the target offers, as a refusal says it: the device's size, or a file's
+        filesystem's free space less qual's reserve."""
+        if self.kind == "block":
+            return f"the device holds {format_size(self.capacity)}"
+        free = shutil.disk_usage(self._existing()).free
+        existing = self.path.stat().st_size if self.path.exists() else 0
+        have = f" and qual's scratch file already holds {format_size(existing)}" if existing \
+            else ""
+        return (f"{self._existing()} has {format_size(free)} free{have}, and qual keeps "
+                f"{format_size(SPACE_RESERVE)} of a filesystem in reserve: "
+                f"{format_size(self.capacity)} usable")
+
     @property
     def align(self) -> int:
         """Offset and length alignment for O_DIRECT: the logical block size, or what statx says."""
@@ -166,8 +179,8 @@ class Target:
         """Make [0, size) hold real data written once, so reads hit real blocks; afterwards
         `inode` names what jobs may open."""
         if size > self.capacity:
-            raise NoSpace(errno.ENOSPC, f"needs {format_size(size)}, target offers "
-                                        f"{format_size(self.capacity)}", target=self.spec)
+            raise NoSpace(errno.ENOSPC, f"needs {format_size(size)}, {self.offer()}",
+                          target=self.spec)
         if self.kind == "block":
             st = os.stat(self.path)
             self.inode = (st.st_dev, st.st_ino)
@@ -216,11 +229,7 @@ class Target:
         """Check that qual may write [0, size) here, before any byte is written: the guard and
         the exclusive hold for a block device, qual's proof of ownership for a file."""
         if self.kind == "block":
-            refusals = guard_refusals(str(self.path), self.identity,
-                                      allow_destructive=self.allow_destructive,
-                                      confirm_serial=self.confirm_serial)
-            if refusals:
-                raise UnsafeTarget(self.spec, refusals)
+            self.check_guard()
             self.claim()
         elif os.path.lexists(self.path) and scratch.prove(self.path) is None:
             raise TargetUnavailable(errno.EPERM, "was not created by qual, or qual cannot prove "
@@ -229,6 +238,22 @@ class Target:
                                     target=self.spec)
         # writes overwrite allocated blocks: allocation is not what a drive is qualified on
         self.ensure_data(size)
+
+    def check_guard(self) -> None:
+        """UnsafeTarget, naming every rule, unless the guard allows writing to this block
+        device."""
+        refusals = guard_refusals(str(self.path), self.identity,
+                                  allow_destructive=self.allow_destructive,
+                                  confirm_serial=self.confirm_serial)
+        if refusals:
+            raise UnsafeTarget(self.spec, refusals)
+
+    def release_claim(self) -> None:
+        """Let go of the exclusive hold (the lock stays): for the filesystem qual makes on the
+        device, which mkfs and then the mount hold exclusively in turn."""
+        if self._claim_fd is not None:
+            os.close(self._claim_fd)
+            self._claim_fd = None
 
     def claim(self) -> None:
         """Hold the block device exclusively (O_EXCL) until unlock(): one open for every job,
@@ -293,9 +318,7 @@ class Target:
 
     def unlock(self) -> None:
         """Let go of the target: the lock, and the exclusive hold of a block device."""
-        if self._claim_fd is not None:
-            os.close(self._claim_fd)
-            self._claim_fd = None
+        self.release_claim()
         if self._lock_fd is None:
             return
         if self._lock_path is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from qual import units
-from qual.family import Field, Metric
+from qual.family import Field, Metric, Rates, Work
 from qual.record import Measurement
 
 
@@ -118,7 +118,10 @@ class Family:
     problem) pairs), its metrics, the measurement ids a table will produce (`cells`), and how
     it runs (`run`, `remove`: what it made on a target, nothing else). `suite` is its suite
     file when it is not one of qual's own suites; `command` its CLI subcommand (default: its
-    name)."""
+    name). `plan(table, test, param, rates)`: the Work one test of its suite does (`test` the
+    suite's test function, `param` its parameter or None), for the plan made before any I/O;
+    `filesystem`: its tests work on files, so on a raw namespace they run on a filesystem qual
+    makes there (docs/ARCHITECTURE.md, "A raw namespace")."""
 
     name: str
     description: str
@@ -131,6 +134,9 @@ class Family:
     suite: Path | None = None
     command: str | None = None
     flags: Flags | None = None
+    plan: Callable[[dict, str, object, Rates], list[Work]] = field(
+        default=lambda table, test, param, rates: [])
+    filesystem: bool = False
 
     @property
     def subcommand(self) -> str:

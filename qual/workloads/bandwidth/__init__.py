@@ -11,7 +11,7 @@ from qual.record import Measurement, measure
 from qual.target import Target
 from qual.workloads.base import Family, Outcome
 from qual.workloads.bandwidth import charts
-from qual.family import Field, Metric, Param, format_block, measurement_id
+from qual.family import Field, Metric, Param, Rates, Work, format_block, measurement_id
 
 NAME = "bandwidth"
 # pattern -> (op, offset pattern)
@@ -307,5 +307,31 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None,
     return MatrixOutcome(found)
 
 
+def _plan(table: dict, test: str, cell, rates: Rates) -> list[Work]:
+    """What a test of the suite does: a cell runs for the runtime (a steady-state write cell
+    at least its five-round window, after the region's preconditioning, once); the latency
+    test for its runtime or its samples."""
+    size = table["size"]
+    region = Work(f"region {size}", 0.0, space=size, what=f"the bandwidth region ({NAME}.size)")
+    if test == "test_cell":
+        ss = table.get("steady_state")
+        rounds = steady.WINDOW if cell.op == "write" and ss else 1
+        seconds = rounds * table["runtime"]
+        moved = rates.moved(cell.op, cell.bs, cell.qd * table["workers"], seconds)
+        out = [region, Work(f"cell {cell.label}", seconds, **(
+            {"bytes_written": moved} if cell.op == "write" else {"bytes_read": moved}))]
+        if cell.op == "write" and ss and ss["precondition_passes"]:
+            wipc = ss["precondition_passes"] * size
+            out.append(Work(f"precondition {size}", wipc / rates.write_bw, bytes_written=wipc))
+        return out
+    if test == "test_latency" and table.get("latency"):
+        lat = table["latency"]
+        seconds = lat["runtime"] if not lat.get("samples") else \
+            min(lat["runtime"], lat["samples"] / (rates.iops_4k / 8))
+        return [region, Work("latency", seconds, bytes_read=rates.moved(
+            "read", lat["block_size"], lat["depth"], seconds))]
+    return []
+
+
 FAMILY = Family(name=NAME, description="gdsio-style bandwidth matrix and random-read latency QoS",
-                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run)
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan)

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from qual import honesty
+from qual.units import format_size
 from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_for
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.workloads.base import Family, Flags, ResultOutcome, positive as _positive
@@ -646,9 +647,42 @@ def _defaults(given: dict) -> dict:
     return out
 
 
+# CPU seconds a rank process takes to start on qual's reference host (2 cores, KVM): Python,
+# numpy, torch and the engine imported (`python3 -c "import torch"`: 2.3 s)
+RANK_START_CPU_S = 2.3
+RUN_TESTS = ("test_mlperf_v2", "test_passes", "test_restore", "test_torch_baseline")
+
+
+def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
+    """The suite's tests share one workload run (its module's `outcome`): the rank processes
+    started, the checkpoints written and read back, the torch baseline."""
+    if test not in RUN_TESTS or table.get("read_only"):
+        return []
+    plan = plan_of(table)
+    processes = table["ranks"] or len(plan.ranks)
+    one = sum(r.nbytes for r in plan.ranks[:processes])
+    if table["procedure"] == "mlperf-v2":
+        per_pass = table["per_pass"] or MLPERF_CHECKPOINTS
+        written = read = table["runs"] * per_pass * one
+    else:
+        fits = int(table["utilisation"] * rates.room // one) if rates.room else 1
+        per_pass = table["per_pass"] or max(1, fits)
+        written = table["passes"] * per_pass * one
+        read = one if table["restore"] and not table["write_only"] else 0
+        if table["baseline"] and not table["write_only"]:
+            torch_bytes = min(table["baseline_bytes"], max(r.nbytes for r in plan.ranks))
+            written += torch_bytes * processes
+            read += torch_bytes * processes
+    start = RANK_START_CPU_S * rates.cpu * processes / min(processes, os.cpu_count() or 1)
+    return [Work("checkpoint run", start + written / rates.write_bw + read / rates.read_bw,
+                 bytes_written=written, bytes_read=read, space=per_pass * one,
+                 what=f"{per_pass} checkpoint(s) of {format_size(one)} ({table['model']}, "
+                      f"{processes} rank(s))")]
+
+
 FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
                 fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
-                remove=remove,
+                remove=remove, plan=_plan, filesystem=True,
                 flags=Flags(add=_flags, given=_given, defaults=_defaults, keep=lambda args: True,
                             dry_run=lambda args, table: _plan_document(table) if args.plan
                             else None,

@@ -15,13 +15,13 @@ from qual import honesty
 from qual.units import format_duration, format_quantity
 from qual.engine import BACKENDS, QualError, TargetUnavailable
 from qual.workloads.base import Family, Flags, ResultOutcome, positive
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.target.scratch import own_folder, remove_made
 from qual.workloads.gnn import charts
 from qual.workloads.gnn import store as feature_store
-from qual.workloads.gnn.igbh import (CALIBRATION, CLASSES, IGBH, MARKER, SIZES, generate,
+from qual.workloads.gnn.igbh import (CALIBRATION, CLASSES, FEATURE_DIM, IGBH, MARKER, SIZES, generate,
                                      synthetic_name)
 
 # torch and PyG load only when a GNN run starts (loaders, model, train): declaring the family
@@ -426,6 +426,48 @@ def _given(args) -> dict:
             "epochs": args.epochs, "batch_size": args.batch_size, "fanouts": fanouts}
 
 
+# qual's reference host (2 cores, KVM), ci profile (IGBH tiny at 0.2, batch 512, fanouts 5,3,
+# hidden 64, 2 heads): generating the synthetic IGBH and its feature store took 9 s of CPU for
+# 110 k nodes, and an RGAT step through the GIDS loader 0.38 s
+GENERATE_CPU_S_PER_NODE = 80e-6
+STEP_CPU_S = 0.38
+STEP_REFERENCE = 512 * (1 + 5 + 5 * 3) * 64 * 2  # seed nodes x sampled hops x hidden x heads
+RUN_TESTS = ("test_accuracy", "test_speedup", "test_cache")
+
+
+def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
+    """The suite's tests share one run (its module's `outcome`): the synthetic IGBH and its
+    feature store written, then each loader's training steps and validation batches; RGAT
+    computes on the host's CPU, and the mmap baseline also waits for its page faults (reads
+    at low depth: a quarter of the 4 KiB IOPS)."""
+    if test not in RUN_TESTS:
+        return []
+    counts = SIZES[table["size"]]
+    synthetic = table["dataset"] == "synthetic"
+    nodes = int(sum(counts.values()) * (table["scale"] if synthetic else 1))
+    papers = int(counts["paper"] * (table["scale"] if synthetic else 1))
+    store = nodes * -(-FEATURE_DIM * 4 // table["page_size"]) * table["page_size"]
+    written = store * (2 if synthetic else 1)
+    seconds = written / rates.write_bw + \
+        (GENERATE_CPU_S_PER_NODE * nodes * rates.cpu if synthetic else store / rates.read_bw)
+    hops, width = 1, 1
+    for f in table["fanouts"]:
+        width *= f
+        hops += width
+    rows = table["batch_size"] * hops
+    step = STEP_CPU_S * rates.cpu * rows * table["hidden"] * table["heads"] / STEP_REFERENCE
+    batches = table["epochs"] * (table["warmup"] + table["steps"] + 1 +
+                                 -(-int(0.2 * papers) // table["batch_size"]))
+    read = 0
+    for loader in table["loaders"]:
+        faults = rows / (rates.iops_4k / 4) if loader == "mmap" else 0.0
+        seconds += batches * (step + faults)
+        read += batches * rows * table["page_size"]
+    return [Work("gnn run", seconds, bytes_written=written, bytes_read=read,
+                 space=written, what=f"the IGBH {table['size']} features and their store")]
+
+
 FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on "
                 "IGBH", fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
-                remove=remove, flags=Flags(add=_flags, given=_given))
+                remove=remove, flags=Flags(add=_flags, given=_given), plan=_plan,
+                filesystem=True)

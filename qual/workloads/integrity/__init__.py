@@ -10,7 +10,7 @@ import secrets
 from qual import engine, honesty, units
 from qual.engine import BACKENDS
 from qual.workloads.base import Family, Outcome
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 
@@ -149,6 +149,17 @@ def run(target: Target, table: dict, *, seed: int | None = None, progress=None,
     return IntegrityOutcome(results, target)
 
 
+def _plan(table: dict, test: str, pattern, rates: Rates) -> list[Work]:
+    """A pattern's test writes the region `generations` times and reads it once."""
+    if test != "test_blocks_read_back_as_written" or pattern not in table["patterns"]:
+        return []
+    size = table["size"]
+    written = table["generations"] * size
+    return [Work(f"integrity {pattern}", written / rates.write_bw + size / rates.read_bw,
+                 bytes_written=written, bytes_read=size, space=size,
+                 what=f"the integrity region ({NAME}.size)")]
+
+
 FAMILY = Family(name=NAME, description="data integrity: verification blocks written, "
                 "overwritten and checked", fields=FIELDS, metrics=METRICS, check=_check,
-                cells=_cells, run=run)
+                cells=_cells, run=run, plan=_plan)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from qual import engine, honesty, steady
 from qual.engine import BACKENDS, IoResult
 from qual.errors import QualError
-from qual.family import Field, Metric, Param, format_block
+from qual.family import Field, Metric, Param, Rates, Work, format_block
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.workloads.base import Family, Outcome
@@ -438,6 +438,29 @@ def _check(table: dict) -> list[tuple[str, str]]:
     return problems
 
 
+def _plan(table: dict, test: str, pts_test, rates: Rates) -> list[Work]:
+    """A PTS test: its preconditioning, then its points in rounds, at least the five of the
+    steady-state window (write saturation: until wsat_multiple x the region is written in
+    4 KiB random writes)."""
+    if test != "test_pts":
+        return []
+    size = table["size"]
+    wipc = table["precondition_passes"] * (size // WIPC_BS * WIPC_BS)
+    out = [Work(f"pts {pts_test} precondition", wipc / rates.write_bw, bytes_written=wipc,
+                space=size, what=f"the PTS region ({NAME}.size)")]
+    if pts_test == "wsat":
+        goal = table["wsat_multiple"] * size
+        return out + [Work("pts wsat", goal / (rates.iops_4k * 4096), bytes_written=goal)]
+    points = _points(table, pts_test)
+    seconds = steady.WINDOW * table["runtime"]
+    written = sum(rates.moved("write", p.bs, p.depth * p.workers, seconds) *
+                  (100 - p.rwmix) // 100 for p in points)
+    read = sum(rates.moved("read", p.bs, p.depth * p.workers, seconds) * p.rwmix // 100
+               for p in points)
+    return out + [Work(f"pts {pts_test}", seconds * len(points), bytes_written=written,
+                       bytes_read=read)]
+
+
 FAMILY = Family(name=NAME, description="SNIA PTS: purge, precondition, IOPS, throughput, "
                                        "latency and write saturation to steady state",
-                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run)
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan)

@@ -15,7 +15,7 @@ import numpy as np
 from qual import engine, honesty
 from qual.engine import BACKENDS
 from qual.workloads.base import Family, Flags, ResultOutcome, positive
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.units import format_size
@@ -395,7 +395,32 @@ def _defaults(given: dict) -> dict:
     return {"accelerators": [1], "epochs": [1]}
 
 
+RUN_TESTS = ("test_utilisation", "test_throughput", "test_accelerators_per_drive",
+             "test_dataset_size")
+
+
+def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
+    """The suite's tests share one sweep (its module's `outcome`): the dataset written, then
+    per accelerator count a calibration epoch without storage and each epochs value, every
+    epoch as long as its compute or its reads, whichever is longer."""
+    if test not in RUN_TESTS:
+        return []
+    w = workload_of(table)
+    data = w.files * w.file_bytes
+    seconds, read = data / rates.write_bw, 0
+    for n in table["accelerators"]:
+        steps = configs.steps_per_epoch(w, n)
+        compute = steps * w.computation_time
+        epoch_bytes = steps * w.batch * n * w.record_length
+        epoch = max(compute, epoch_bytes / rates.read_bw)
+        seconds += compute * bool(table["calibrate"]) + sum(table["epochs"]) * epoch
+        read += sum(table["epochs"]) * epoch_bytes
+    return [Work("training run", seconds, bytes_written=data, bytes_read=read, space=data,
+                 what=f"the {w.name} dataset ({w.files} files)")]
+
+
 FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
                 "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
                 check=_check, cells=_cells, run=run, remove=remove, command="train",
+                plan=_plan, filesystem=True,
                 flags=Flags(add=_flags, given=_given, defaults=_defaults))

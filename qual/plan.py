@@ -1,0 +1,209 @@
+"""The plan of a run, made before its first I/O (docs/ARCHITECTURE.md, "A plan before I/O"):
+every test the run will make with the bytes it writes and reads, its estimated seconds and where
+it runs (raw on the device, on the filesystem qual makes there, or in a file), and every reason
+the run cannot go ahead, each named once. The families say what their tests do (Family.plan);
+this module adds it up, checks it against the target and the guard, and refines its rates from
+the last run on the same host."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from dataclasses import asdict, dataclass, field, replace
+
+from qual.family import Rates, Work
+from qual.target import SPACE_RESERVE, Target, guard_refusals, scratch
+from qual.target.filesystem import usable_room
+from qual.units import format_duration, format_size
+
+PER_TEST_S = 0.02  # pytest's own time around a test: set-up, the recorder, the Allure files
+CALIBRATION_LIMITS = (0.25, 4.0)  # a past run never moves an estimate by more than this
+
+
+@dataclass(frozen=True)
+class Selected:
+    """A test the run selected: its pytest node id, its family, its function and parameter,
+    and whether it is marked destructive."""
+
+    id: str
+    family: str
+    test: str
+    param: object = None
+    destructive: bool = False
+
+
+@dataclass
+class PlannedTest:
+    id: str
+    family: str
+    where: str  # "raw", "filesystem" (qual's, on a raw namespace) or "file"
+    bytes_written: int
+    bytes_read: int
+    estimate_s: float
+    space: int  # the most room it needs on the target at once
+
+
+@dataclass
+class Plan:
+    target: str
+    kind: str
+    profile: str
+    tests: list[PlannedTest]
+    refusals: list[str]
+    filesystem: dict | None = None  # what qual makes on a raw namespace for the file families
+    rates: dict = field(default_factory=dict)
+    basis: str = "model"
+
+    @property
+    def total_estimate_s(self) -> float:
+        return sum(t.estimate_s for t in self.tests)
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "kind": self.kind, "profile": self.profile,
+                "tests": [asdict(t) for t in self.tests],
+                "bytes_written": sum(t.bytes_written for t in self.tests),
+                "bytes_read": sum(t.bytes_read for t in self.tests),
+                "total_estimate_s": self.total_estimate_s, "refusals": self.refusals,
+                "filesystem": self.filesystem, "rates": self.rates, "basis": self.basis}
+
+    def lines(self) -> list[str]:
+        return plan_lines(self.as_dict())
+
+
+def plan_lines(plan: dict) -> list[str]:
+    """A plan (Plan.as_dict()) as a person reads it: a line per test, the total, the
+    refusals."""
+    tests = plan["tests"]
+    width = max((len(t["id"]) for t in tests), default=10)
+    out = [f"plan: {len(tests)} tests of profile {plan['profile']} on {plan['target']} "
+           f"({plan['kind']})"]
+    fs = plan.get("filesystem")
+    if fs:
+        out.append(f"the file families run on a {fs['type']} filesystem qual makes on the device "
+                   f"(mkfs.{fs['type']} {' '.join(fs['options'])}), unmounted and erased at "
+                   "the end")
+    out.append(f"{'test':<{width}}  {'where':<10}  {'writes':>9}  {'reads':>9}  estimate")
+    for t in tests:
+        out.append(f"{t['id']:<{width}}  {t['where']:<10}  {format_size(t['bytes_written']):>9}"
+                   f"  {format_size(t['bytes_read']):>9}  {format_duration(t['estimate_s'])}")
+    out.append(f"total: {format_size(plan['bytes_written'])} written, "
+               f"{format_size(plan['bytes_read'])} read, about "
+               f"{format_duration(plan['total_estimate_s'])} ({plan['basis']})")
+    if plan["refusals"]:
+        out.append(f"refused ({len(plan['refusals'])}): nothing will be written")
+        out += [f"  {r}" for r in plan["refusals"]]
+    return out
+
+
+def calibration(previous: dict | None) -> tuple[dict[str, float], str]:
+    """Per family, how much longer than planned the last run on this host took (its measured
+    durations over its plan's estimates), and where that came from."""
+    if not previous or previous.get("host", {}).get("hostname") != socket.gethostname():
+        return {}, "model"
+    planned = {t["id"]: t for t in (previous.get("plan") or {}).get("tests", ())}
+    ratios: dict[str, list[tuple[float, float]]] = {}
+    for t in previous.get("tests", ()):
+        p = planned.get(t["nodeid"])
+        if p and p["estimate_s"] >= 0.5 and t["outcome"] in ("passed", "failed"):
+            ratios.setdefault(p["family"], []).append((t["duration_s"], p["estimate_s"]))
+    lo, hi = CALIBRATION_LIMITS
+    factors = {f: min(hi, max(lo, sum(d for d, _ in r) / sum(e for _, e in r)))
+               for f, r in ratios.items()}
+    if not factors:
+        return {}, "model"
+    shown = ", ".join(f"{f} x{v:.2f}" for f, v in sorted(factors.items()))
+    return factors, f"model, scaled by the last run on this host: {shown}"
+
+
+def make_plan(selected: list[Selected], target: Target, profile, families: dict, *,
+              filesystem: dict | None = None, keep: bool = False,
+              previous: dict | None = None, rates: Rates | None = None) -> Plan:
+    """The plan of `selected` on `target`: `filesystem` is what qual makes on a raw namespace
+    for the file families ({"type", "options"}); `keep`: what the families make stays to the
+    end (--qual-keep-scratch), so their room adds up; `previous`: the last run record in the
+    results folder, whose durations refine the estimates."""
+    rates = rates or Rates()
+    factors, basis = calibration(previous)
+    block = target.kind == "block"
+    capacity = target.capacity
+    needs_fs = block and any(families[s.family].filesystem for s in selected
+                             if s.family in families)
+    fs_room = usable_room(capacity, filesystem["type"]) if needs_fs and filesystem else None
+    file_room = None if block else _free(target)
+    done: set[str] = set()
+    filled = _filled(target)
+    tests, short = [], {}
+    for s in selected:
+        family = families.get(s.family)
+        if family is None:
+            continue
+        on_fs = family.filesystem
+        where = "file" if not block else "filesystem" if on_fs else "raw"
+        room = fs_room if where == "filesystem" else file_room if on_fs else capacity
+        offer = (f"qual's filesystem on {target.spec} would offer {format_size(room or 0)}"
+                 if where == "filesystem" else _file_offer(target, room or 0) if on_fs
+                 else target.offer())
+        table = profile.table(s.family)
+        works = family.plan(table, s.test, s.param, replace(rates, room=room)) if table else []
+        written = read = space = 0
+        seconds = PER_TEST_S
+        for w in works:
+            if w.space:
+                space = max(space, w.space)
+                if room is not None and w.space > room:
+                    short.setdefault((w.what, w.space, offer), []).append(s.id)
+            if w.key in done:
+                continue
+            done.add(w.key)
+            written, read = written + w.bytes_written, read + w.bytes_read
+            seconds += w.seconds
+            if where == "file" and not on_fs and w.space > filled:  # the scratch file's fill
+                fill = w.space - filled
+                written += fill
+                seconds += fill / rates.write_bw
+                filled = w.space
+        seconds *= factors.get(s.family, 1.0)
+        tests.append(PlannedTest(s.id, s.family, where, written, read, seconds, space))
+    refusals = _space_refusals(short)
+    if keep and needs_fs:
+        total = sum(t.space for t in tests if t.where == "filesystem")
+        if fs_room is not None and total > fs_room:
+            refusals.append(f"--qual-keep-scratch keeps every file family's data: "
+                            f"{format_size(total)} together, more than the "
+                            f"{format_size(fs_room)} qual's filesystem offers")
+    if block and (needs_fs or any(s.destructive for s in selected)):
+        for r in guard_refusals(str(target.path), target.identity,
+                                allow_destructive=target.allow_destructive,
+                                confirm_serial=target.confirm_serial):
+            refusals.append(f"guard: {r.rule}: {r.detail}")
+    return Plan(target.spec, target.kind, profile.name, tests, refusals,
+                filesystem if needs_fs else None,
+                {k: v for k, v in asdict(rates).items() if k != "room"}, basis)
+
+
+def _space_refusals(short: dict) -> list[str]:
+    return [f"does not fit: {what} needs {format_size(need)}; {offer} (tests: {', '.join(ids)})"
+            for (what, need, offer), ids in short.items()]
+
+
+def _file_offer(target: Target, room: int) -> str:
+    free = shutil.disk_usage(_folder(target)).free
+    return (f"{_folder(target)} has {format_size(free)} free, of which qual keeps "
+            f"{format_size(SPACE_RESERVE)} in reserve: {format_size(room)} usable")
+
+
+def _folder(target: Target):
+    return target.directory if target.directory.exists() else target._existing()
+
+
+def _free(target: Target) -> int:
+    return max(0, shutil.disk_usage(_folder(target)).free - SPACE_RESERVE)
+
+
+def _filled(target: Target) -> int:
+    """Bytes of the scratch file already written (a kept one is reused)."""
+    if target.kind == "block":
+        return 1 << 62  # a device holds real blocks everywhere
+    owned = scratch.prove(target.path) if target.path.exists() else None
+    return owned.written if owned else 0
+
