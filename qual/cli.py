@@ -119,7 +119,8 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                       "published peaks, dataset size): the shipped profiles, or this one; "
                       "exit 1 when one cannot")
 
-    clean = sub.add_parser("clean", help="remove the scratch file qual created on a target")
+    clean = sub.add_parser("clean", help="remove the scratch file qual created on a target, or "
+                                         "the filesystem a killed run left on a block device")
     clean.add_argument("target", nargs="?", default=None)
     return p
 
@@ -149,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(args)
         if args.command == "clean":
             target = Target(args.target)
+            if target.kind == "block":
+                from qual.target.filesystem import erase_leftover
+
+                erased = erase_leftover(str(target.path))
+                print(f"qual clean: {target.spec}: " + ("erased qual's filesystem" if erased
+                                                        else "no filesystem of qual's on it"))
+                return 0
             target.cleanup()
             for family in families.values():
                 if family.remove:
@@ -369,6 +377,13 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     if args.json:
         raise QualError(errno.EINVAL, "--json goes with --plan (the run's record is "
                                       f"{results / RECORD_NAME})")
+    if _distributed(extra):  # the plan, and its refusals, before any worker starts
+        code, doc, said = _collect_plan(argv + extra)
+        if code != 0:
+            sys.stderr.write(said if doc is None else "qual: refused before any I/O, nothing "
+                             "was written:\n" + "".join(f"  - {r}\n" for p in doc.get(
+                                 "drives", [doc]) for r in p["refusals"]))
+            return code
     # Allure results accumulate across runs: start clean, here and not under xdist workers.
     # The last record stays beside the new one's place: the plan's estimates learn from it.
     shutil.rmtree(alluredir, ignore_errors=True)
@@ -378,8 +393,10 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     return int(pytest.main(argv + [f"--alluredir={alluredir}"] + extra))
 
 
-def _plan(argv: list[str], as_json: bool) -> int:
-    """`qual run --plan`: the suites collected (nothing run), the plan printed."""
+def _collect_plan(argv: list[str]) -> tuple[int, dict | None, str]:
+    """The suites collected in this process (nothing run) and their plan: pytest's exit status,
+    the plan document (None when pytest refused before one: a bad profile or option) and what
+    pytest said."""
     import contextlib
     import io
 
@@ -390,18 +407,31 @@ def _plan(argv: list[str], as_json: bool) -> int:
         said = io.StringIO()
         with contextlib.redirect_stdout(said):
             code = int(pytest.main([*argv, f"--qual-plan={out}", "-q", "-n", "0"]))
-        if not out.exists():  # refused before a plan (bad profile, options): pytest said why
-            sys.stderr.write(said.getvalue())
-            return code
-        doc = json.loads(out.read_text())
+        doc = json.loads(out.read_text()) if out.exists() else None
+    return code, doc, said.getvalue()
+
+
+def _plan(argv: list[str], as_json: bool) -> int:
+    """`qual run --plan`: the plan printed, as a table or as JSON."""
+    from qual.plan import plan_lines
+
+    code, doc, said = _collect_plan(argv)
+    if doc is None:
+        sys.stderr.write(said)
+        return code
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
-        from qual.plan import plan_lines
         for plan in doc.get("drives", [doc]):
             for line in plan_lines(plan):
                 print(line)
     return code
+
+
+def _distributed(extra: list[str]) -> bool:
+    """pytest-xdist's workers collect the tests, not the process that starts them."""
+    return any(a in ("-n", "--numprocesses") or a.startswith(("-n", "--numprocesses="))
+               for a in extra)
 
 
 def cmd_profiles(families: dict, check: str | None = None) -> int:

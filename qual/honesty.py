@@ -1,5 +1,5 @@
-"""Measurement honesty (DESIGN §6): a number must have measured the device, not a cache, and
-must not be faster than the hardware can be; a tail percentile needs enough samples."""
+"""Measurement honesty (docs/ARCHITECTURE.md §6): a number must have measured the device, not a
+cache, and must not be faster than the hardware can be; a tail percentile needs enough samples."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from qual.family import Rates, Work
 from qual.target import SPACE_RESERVE, Target, guard_refusals, scratch
 from qual.target.filesystem import usable_room
 from qual.units import format_duration, format_size
+from qual.workloads.base import Settings
 
 PER_TEST_S = 0.02  # pytest's own time around a test: set-up, the recorder, the Allure files
 CALIBRATION_LIMITS = (0.25, 4.0)  # a past run never moves an estimate by more than this
@@ -53,6 +54,7 @@ class Plan:
     filesystem: dict | None = None  # what qual makes on a raw namespace for the file families
     rates: dict = field(default_factory=dict)
     basis: str = "model"
+    fitted: dict = field(default_factory=dict)  # family -> {"changes", "caveat"} (--qual-fit)
 
     @property
     def total_estimate_s(self) -> float:
@@ -64,7 +66,8 @@ class Plan:
                 "bytes_written": sum(t.bytes_written for t in self.tests),
                 "bytes_read": sum(t.bytes_read for t in self.tests),
                 "total_estimate_s": self.total_estimate_s, "refusals": self.refusals,
-                "filesystem": self.filesystem, "rates": self.rates, "basis": self.basis}
+                "filesystem": self.filesystem, "rates": self.rates, "basis": self.basis,
+                "fitted": self.fitted}
 
     def lines(self) -> list[str]:
         return plan_lines(self.as_dict())
@@ -89,16 +92,19 @@ def plan_lines(plan: dict) -> list[str]:
     out.append(f"total: {format_size(plan['bytes_written'])} written, "
                f"{format_size(plan['bytes_read'])} read, about "
                f"{format_duration(plan['total_estimate_s'])} ({plan['basis']})")
+    for name, fit in plan.get("fitted", {}).items():
+        out.append(f"CAVEAT {name}: {fit['caveat']}")
     if plan["refusals"]:
         out.append(f"refused ({len(plan['refusals'])}): nothing will be written")
         out += [f"  {r}" for r in plan["refusals"]]
     return out
 
 
-def calibration(previous: dict | None) -> tuple[dict[str, float], str]:
-    """Per family, how much longer than planned the last run on this host took (its measured
-    durations over its plan's estimates), and where that came from."""
-    if not previous or previous.get("host", {}).get("hostname") != socket.gethostname():
+def calibration(previous: dict | None, spec: str) -> tuple[dict[str, float], str]:
+    """Per family, how much longer than planned the last run on this host and target took (its
+    measured durations over its plan's estimates), and where that came from."""
+    if not previous or previous.get("host", {}).get("hostname") != socket.gethostname() or \
+            (previous.get("plan") or {}).get("target") != spec:
         return {}, "model"
     planned = {t["id"]: t for t in (previous.get("plan") or {}).get("tests", ())}
     ratios: dict[str, list[tuple[float, float]]] = {}
@@ -116,74 +122,137 @@ def calibration(previous: dict | None) -> tuple[dict[str, float], str]:
 
 
 def make_plan(selected: list[Selected], target: Target, profile, families: dict, *,
-              filesystem: dict | None = None, keep: bool = False,
+              filesystem: dict | None = None, keep: bool = False, fit: bool = False,
               previous: dict | None = None, rates: Rates | None = None) -> Plan:
     """The plan of `selected` on `target`: `filesystem` is what qual makes on a raw namespace
     for the file families ({"type", "options"}); `keep`: what the families make stays to the
-    end (--qual-keep-scratch), so their room adds up; `previous`: the last run record in the
-    results folder, whose durations refine the estimates."""
+    end (--qual-keep-scratch), so their room adds up; `fit`: a family whose tests need more
+    room than the target offers is scaled down to fit (--qual-fit), and says so; `previous`:
+    the last run record in the results folder, whose durations refine the estimates."""
     rates = rates or Rates()
-    factors, basis = calibration(previous)
+    factors, basis = calibration(previous, target.spec)
+    chosen = [s for s in selected if s.family in families and profile.table(s.family)]
     block = target.kind == "block"
-    capacity = target.capacity
-    needs_fs = block and any(families[s.family].filesystem for s in selected
-                             if s.family in families)
-    fs_room = usable_room(capacity, filesystem["type"]) if needs_fs and filesystem else None
-    file_room = None if block else _free(target)
+    needs_fs = block and any(families[s.family].filesystem for s in chosen)
+    rooms = _Rooms(target, filesystem["type"] if needs_fs and filesystem else None)
+    tables = {s.family: profile.table(s.family) for s in chosen}
+    fitted = {}
+    if fit:
+        for name in tables:
+            mine = [s for s in chosen if s.family == name]
+            got = _fit(families[name], tables[name], mine, replace(rates, room=rooms.room(
+                families[name])), target.spec)
+            if got:
+                tables[name], fitted[name] = got[0], {"changes": got[1], "caveat": got[2]}
     done: set[str] = set()
     filled = _filled(target)
     tests, short = [], {}
-    for s in selected:
-        family = families.get(s.family)
-        if family is None:
-            continue
-        on_fs = family.filesystem
-        where = "file" if not block else "filesystem" if on_fs else "raw"
-        room = fs_room if where == "filesystem" else file_room if on_fs else capacity
-        offer = (f"qual's filesystem on {target.spec} would offer {format_size(room or 0)}"
-                 if where == "filesystem" else _file_offer(target, room or 0) if on_fs
-                 else target.offer())
-        table = profile.table(s.family)
-        works = family.plan(table, s.test, s.param, replace(rates, room=room)) if table else []
+    for s in chosen:
+        family = families[s.family]
+        where = "file" if not block else "filesystem" if family.filesystem else "raw"
+        room = rooms.room(family)
         written = read = space = 0
         seconds = PER_TEST_S
-        for w in works:
+        for w in family.plan(tables[s.family], s.test, s.param, replace(rates, room=room)):
             if w.space:
                 space = max(space, w.space)
                 if room is not None and w.space > room:
-                    short.setdefault((w.what, w.space, offer), []).append(s.id)
+                    short.setdefault((s.family, w.what, w.space, rooms.offer(family)),
+                                     []).append(s.id)
             if w.key in done:
                 continue
             done.add(w.key)
             written, read = written + w.bytes_written, read + w.bytes_read
             seconds += w.seconds
-            if where == "file" and not on_fs and w.space > filled:  # the scratch file's fill
-                fill = w.space - filled
+            if where == "file" and not family.filesystem and w.space > filled:
+                fill = w.space - filled  # the scratch file, written once before it is read
                 written += fill
                 seconds += fill / rates.write_bw
                 filled = w.space
         seconds *= factors.get(s.family, 1.0)
         tests.append(PlannedTest(s.id, s.family, where, written, read, seconds, space))
-    refusals = _space_refusals(short)
+    refusals = _space_refusals(short, profile)
     if keep and needs_fs:
         total = sum(t.space for t in tests if t.where == "filesystem")
-        if fs_room is not None and total > fs_room:
+        if rooms.fs_room is not None and total > rooms.fs_room:
             refusals.append(f"--qual-keep-scratch keeps every file family's data: "
                             f"{format_size(total)} together, more than the "
-                            f"{format_size(fs_room)} qual's filesystem offers")
-    if block and (needs_fs or any(s.destructive for s in selected)):
+                            f"{format_size(rooms.fs_room)} qual's filesystem offers")
+    if block and (needs_fs or any(s.destructive for s in chosen)):
         for r in guard_refusals(str(target.path), target.identity,
                                 allow_destructive=target.allow_destructive,
                                 confirm_serial=target.confirm_serial):
             refusals.append(f"guard: {r.rule}: {r.detail}")
     return Plan(target.spec, target.kind, profile.name, tests, refusals,
                 filesystem if needs_fs else None,
-                {k: v for k, v in asdict(rates).items() if k != "room"}, basis)
+                {k: v for k, v in asdict(rates).items() if k != "room"}, basis, fitted)
 
 
-def _space_refusals(short: dict) -> list[str]:
-    return [f"does not fit: {what} needs {format_size(need)}; {offer} (tests: {', '.join(ids)})"
-            for (what, need, offer), ids in short.items()]
+class _Rooms:
+    """The room a family has on the target, and how a refusal says it: a raw family the
+    target's capacity; a file family qual's filesystem's usable room on a block device, or the
+    free space (less qual's reserve) beside a file target."""
+
+    def __init__(self, target: Target, fs_kind: str | None):
+        self.target = target
+        self.capacity = target.capacity
+        self.fs_room = usable_room(self.capacity, fs_kind) if fs_kind else None
+        self.file_room = None if target.kind == "block" else _free(target)
+
+    def room(self, family) -> int | None:
+        if not family.filesystem:
+            return self.capacity
+        return self.fs_room if self.target.kind == "block" else self.file_room
+
+    def offer(self, family) -> str:
+        if not family.filesystem:
+            return self.target.offer()
+        if self.target.kind == "block":
+            return (f"qual's filesystem on {self.target.spec} would offer "
+                    f"{format_size(self.fs_room or 0)}")
+        return _file_offer(self.target, self.file_room or 0)
+
+
+def _fit(family, table: dict, tests: list[Selected], rates: Rates,
+         spec: str) -> tuple[dict, dict, str] | None:
+    """The family's table scaled down to the room, what changed, and the caveat its figures
+    carry; None when it fits already or cannot be made to."""
+    def need(t: dict) -> int:
+        return max((w.space for s in tests for w in family.plan(t, s.test, s.param, rates)),
+                   default=0)
+
+    room, before = rates.room, need(table)
+    if room is None or before <= room:
+        return None
+    changes = family.fit(table, room, before)
+    if not changes:
+        return None
+    smaller = Settings({**table, **changes})
+    if family.check(smaller) or need(smaller) > room:
+        return None
+    kinds = {f.name: f.kind for f in family.fields}
+    shown = ", ".join(f"{family.name}.{k} {_show(table.get(k), kinds.get(k))} -> "
+                      f"{_show(v, kinds.get(k))}" for k, v in changes.items())
+    return smaller, changes, (f"scaled to fit {spec} (--qual-fit): {shown}; the figure comes "
+                              f"from less than the profile asks ({format_size(before)} needed, "
+                              f"{format_size(room)} offered)")
+
+
+def _show(value, kind: str | None) -> str:
+    if value is None:
+        return "(default)"
+    return format_size(value) if kind == "size" else f"{value:.4g}" \
+        if isinstance(value, float) else str(value)
+
+
+def _space_refusals(short: dict, profile) -> list[str]:
+    out = []
+    for (family, what, need, offer), ids in short.items():
+        decided = [c.id for c in profile.criteria if c.family == family]
+        judged = f"; unjudged then: {', '.join(decided)}" if decided else ""
+        out.append(f"does not fit: {what} needs {format_size(need)}; {offer} (tests: "
+                   f"{', '.join(ids)}){judged}. --qual-fit scales it down to fit")
+    return out
 
 
 def _file_offer(target: Target, room: int) -> str:

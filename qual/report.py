@@ -238,6 +238,27 @@ def summary_lines(record: dict, source_width: int = 70) -> list[str]:
     return lines
 
 
+def placement(record: dict) -> str | None:
+    """Where the run's families ran on a raw namespace: on the device, and on the filesystem
+    qual made there (its type and mkfs options); None for a file target."""
+    where: dict[str, set[str]] = {}
+    for t in record.get("tests", ()):
+        if t.get("where") in ("raw", "filesystem"):
+            where.setdefault(t["where"], set()).add(t["nodeid"].split("::")[0]
+                                                    .rsplit("/", 1)[-1].removesuffix(".py"))
+    if not where:
+        return None
+    fs = (record.get("plan") or {}).get("filesystem") or {}
+    parts = []
+    if where.get("raw"):
+        parts.append(f"raw on the device: {', '.join(sorted(where['raw']))}")
+    if where.get("filesystem"):
+        parts.append(f"on qual's {fs.get('type', '')} filesystem (mkfs.{fs.get('type', '')} "
+                     f"{' '.join(fs.get('options', ()))}, erased after): "
+                     f"{', '.join(sorted(where['filesystem']))}")
+    return "; ".join(parts)
+
+
 def summary_body(record: dict) -> str:
     """The qualification summary: the drive's identity, the run's verdict, and one table
     per workload family with every criterion, measured value, bound, margin, verdict, source."""
@@ -248,7 +269,7 @@ def summary_body(record: dict) -> str:
              ("link", " x".join(filter(None, [ident.get("link_speed"), ident.get("link_width")]))),
              ("target", record["target"].get("spec")), ("profile", record["profile"]["name"]),
              ("host", record["host"].get("hostname")), ("started", record.get("started")),
-             ("baseline", record.get("baseline"))]
+             ("baseline", record.get("baseline")), ("ran", placement(record))]
     s = record["summary"]
     parts = [
         f"<h1 id='qual-summary'>Qualification summary: {esc(drive_name(record))} "

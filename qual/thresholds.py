@@ -1,10 +1,10 @@
 """Profiles: load a threshold file (following `extends`), validate it, and judge measurements.
 
-A profile (DESIGN §5) is a TOML file with a `[profile]` table, one table per workload family
-holding that family's parameters, and `[[<family>.criteria]]` entries, each naming a metric,
-the parameters that select the measurement, a bound (`min` and/or `max`) with its `unit`, a
-`source` and a `severity`. Every problem is reported as `file:key: what is wrong`, all at
-once, before any I/O.
+A profile (docs/ARCHITECTURE.md §5) is a TOML file with a `[profile]` table, one table per
+workload family holding that family's parameters, and `[[<family>.criteria]]` entries, each
+naming a metric, the parameters that select the measurement, a bound (`min` and/or `max`) with
+its `unit`, a `source` and a `severity`. Every problem is reported as `file:key: what is wrong`,
+all at once, before any I/O.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from qual.workloads.base import Family, Settings
 from qual.record import DEFAULT_TOLERANCE
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
-                "peak_read_bw", "filesystem", "filesystem_options")
+                "peak_read_bw", "filesystem", "filesystem_options", "fit")
 FILESYSTEMS = ("ext4", "xfs")  # what qual makes on a raw namespace for the file families
 LINK = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s\s+x(\d+)\s*$")  # "32 GT/s x4": the class's host link
 DEVICE_TRUTH = ("required", "optional")  # optional: judged without it, with a caveat
@@ -163,6 +163,7 @@ class Profile:
     peak_read_bw: dict = field(default_factory=dict)  # block size -> the class's published peak
     filesystem: str = "ext4"  # made on a raw namespace for the file families
     filesystem_options: tuple[str, ...] | None = None  # mkfs options; None: qual's defaults
+    fit: bool = False  # a region or dataset larger than the target is scaled down, with a CAVEAT
 
     @property
     def gated_severities(self) -> tuple[str, ...]:
@@ -179,6 +180,7 @@ class Profile:
                 "description": self.description, "tolerance": self.tolerance,
                 "gate": self.gate, "device_truth": self.device_truth,
                 "filesystem": self.filesystem, "filesystem_options": self.filesystem_options,
+                "fit": self.fit,
                 "files": [str(f) for f in self.files],
                 "tolerances": {c.id: c.tolerance for c in self.criteria
                                if c.tolerance is not None}}
@@ -231,7 +233,8 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    device_truth=info.get("device_truth", "required"), link=info.get("link"),
                    peak_read_bw=info.get("peak_read_bw", {}),
                    filesystem=info.get("filesystem", "ext4"),
-                   filesystem_options=info.get("filesystem_options"))
+                   filesystem_options=info.get("filesystem_options"),
+                   fit=info.get("fit", False))
 
 
 def family_table(fam: Family, given: dict, *, base: dict | None = None,
@@ -354,6 +357,11 @@ def _parse_profile_table(value, label, problems) -> dict:
             if v not in FILESYSTEMS:
                 problems.append((label, where, f"{v!r} is not a filesystem qual makes "
                                                f"({', '.join(FILESYSTEMS)})"))
+            else:
+                out[key] = v
+        elif key == "fit":
+            if not isinstance(v, bool):
+                problems.append((label, where, f"{v!r} is not true or false"))
             else:
                 out[key] = v
         elif key == "filesystem_options":

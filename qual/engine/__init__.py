@@ -1,6 +1,7 @@
-"""The Pythonic face of the native engine (DESIGN §1): jobs, histograms, checkpoint files, the
-feature cache, sample readers and verification blocks, one module each, over one private
-binding (_binding.py) that alone imports the cffi library. Errors come from qual.errors."""
+"""The Pythonic face of the native engine (docs/ARCHITECTURE.md §1): jobs, histograms,
+checkpoint files, the feature cache, sample readers and verification blocks, one module each,
+over one private binding (_binding.py) that alone imports the cffi library. Errors come from
+qual.errors."""
 
 from qual.engine._binding import (BACKENDS, MAX_BLOCK_SIZE, MAX_QUEUE_DEPTH, MAX_WORKERS, OPS,
                                   PATTERNS, STOP_WAIT, UNBOUNDED, Progress, new_ctl)

@@ -54,6 +54,9 @@ def pytest_addoption(parser):
                 help="keep qual's scratch file after the run (the next run reuses it)")
     g.addoption("--qual-seed", type=int, default=1, metavar="N",
                 help="seed of random offsets and write data (default 1, so runs are comparable)")
+    g.addoption("--qual-fit", action="store_true",
+                help="scale a region or dataset larger than the target down to fit it (every "
+                     "scaled figure carries a CAVEAT), instead of refusing the run")
     g.addoption("--qual-plan", default=None, metavar="FILE",
                 help="make the run's plan (tests, bytes, estimated seconds, refusals), write it "
                      "to FILE as JSON (- for stdout) and run nothing")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import allure
 import pytest
@@ -26,6 +26,7 @@ class Judging:
     profile: thresholds.Profile
     baseline: Baseline | None
     seed: int
+    caveats: dict = field(default_factory=dict)  # family -> what --qual-fit scaled down
 
 
 ATTACHMENT_TYPES = {"png": allure.attachment_type.PNG, "json": allure.attachment_type.JSON,
@@ -60,6 +61,10 @@ class Recorder:
     def finish(self) -> None:
         """Judge, record and label everything, then fail once if any check failed."""
         __tracebackhide__ = True
+        for m in self.measurements:
+            fitted = self.judging.caveats.get(m.family)
+            if fitted and fitted not in m.context.get("caveats", ()):
+                m.context["caveats"] = [*m.context.get("caveats", ()), fitted]
         verdict = judge(self.measurements, self.judging.profile, self.judging.baseline)
         payload = {"measurements": [m.as_dict() for m in self.measurements], **verdict.as_dict()}
         self.item.user_properties.append((PAYLOAD, payload))

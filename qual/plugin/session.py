@@ -104,6 +104,8 @@ class QualSession:
         self.records: dict[str, tuple[Path, dict]] = {}
         self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.plans: dict[str, Plan] = {}
+        self.caveats: dict[str, dict[str, str]] = {}  # drive -> family -> what --qual-fit did
+        self.refused: str | None = None
         self._held: set[str] = set()
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
@@ -198,7 +200,8 @@ class QualSession:
         return drive_label(t.identity if t else None, spec, several=len(self.target_specs) > 1)
 
     def judging(self, spec: str) -> Judging:
-        return Judging(self.profile, self.baselines.get(spec), self.config.option.qual_seed)
+        return Judging(self.profile, self.baselines.get(spec), self.config.option.qual_seed,
+                       self.caveats.get(spec, {}))
 
     def recorder(self, item) -> Recorder:
         """A test's recorder: judged against this drive's baseline; what it records joins
@@ -270,9 +273,20 @@ class QualSession:
             else:
                 Path(opt.qual_plan).write_text(text + "\n")
             pytest.exit("qual: plan made, nothing run", returncode=EXIT_REFUSED if refused else 0)
-        if refused:
-            pytest.exit("qual: refused before any I/O, nothing was written:\n" +
-                        "\n".join(f"  - {r}" for r in refused), returncode=EXIT_REFUSED)
+        if not refused:
+            return
+        said = "qual: refused before any I/O, nothing was written:\n" + \
+            "\n".join(f"  - {r}" for r in refused)
+        if self.worker is None:
+            pytest.exit(said, returncode=EXIT_REFUSED)
+        # an xdist worker has already told the controller what it collected: every test it is
+        # given fails in set-up, untouched, and the worker stops (`qual run -n` plans first)
+        self.refused = said
+        session.shouldstop = "qual: the plan refused the run"
+
+    def pytest_runtest_setup(self, item):
+        if self.refused:
+            pytest.fail(self.refused, pytrace=False)
 
     def make_plan(self, spec: str, selected: list[Selected]) -> Plan:
         target = self.open_target(spec)
@@ -284,8 +298,13 @@ class QualSession:
         fs = {"type": self.profile.filesystem,
               "options": list(self.profile.filesystem_options
                               or MKFS_OPTIONS[self.profile.filesystem])}
-        return make_plan(selected, target, self.profile, self.families, filesystem=fs,
-                         keep=self.config.option.qual_keep_scratch, previous=previous)
+        plan = make_plan(selected, target, self.profile, self.families, filesystem=fs,
+                         keep=self.config.option.qual_keep_scratch, previous=previous,
+                         fit=self.config.option.qual_fit or self.profile.fit)
+        for name, fit in plan.fitted.items():  # the run measures what the plan fitted
+            self.profile.tables[name].update(fit["changes"])
+            self.caveats.setdefault(spec, {})[name] = fit["caveat"]
+        return plan
 
     def pytest_runtest_logreport(self, report):
         if not self.controller:
@@ -368,6 +387,9 @@ class QualSession:
             tr.section(f"qual: {self.profile.name} on {self.drive_label_of(record, spec)}")
             for line in report.summary_lines(record):
                 tr.write_line(line)
+            ran = report.placement(record)
+            if ran:
+                tr.write_line(f"ran {ran}")
             s = record["summary"]
             tr.write_line(f"{s['measurements']} measurements ({s['informational']} informational), "
                           f"{s['checks_passed']} checks passed, {s['checks_failed']} failed, "

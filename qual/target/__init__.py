@@ -1,4 +1,4 @@
-"""What is being qualified: a file, a directory or a block device (DESIGN §4).
+"""What is being qualified: a file, a directory or a block device (docs/ARCHITECTURE.md §4).
 
 A target is named by one string. A file or directory target gets a scratch file that qual
 creates, fills once with incompressible data (so reads hit real blocks) and proves to be its

@@ -1,6 +1,6 @@
-"""The safety guard (DESIGN §4): every rule that forbids writing to a block device. It fails
-closed: a probe that cannot answer (a tool missing, an exit status it does not define, a file
-it cannot read) is a refusal that names the probe."""
+"""The safety guard (docs/ARCHITECTURE.md §4): every rule that forbids writing to a block
+device. It fails closed: a probe that cannot answer (a tool missing, an exit status it does not
+define, a file it cannot read) is a refusal that names the probe."""
 
 from __future__ import annotations
 
@@ -78,8 +78,25 @@ def guard_refusals(devnode: str, identity: Identity, *, allow_destructive: bool,
             continue
         for found in signatures(node):
             refusals.append(Refusal("signature", found))
+    if any(r.rule == "signature" for r in refusals):
+        refusals += _leftover(devnode)
     refusals += _serial_refusals(devnode, identity.serial, confirm_serial)
     return refusals
+
+
+def _leftover(devnode: str) -> list[Refusal]:
+    """A hint beside the signature refusals when the signature is qual's own filesystem, left
+    by a run that was killed before it could erase it."""
+    from qual.target.filesystem import is_qual_filesystem, probe
+
+    try:
+        found = probe(devnode)
+    except (QualError, OSError, subprocess.SubprocessError):
+        return []
+    if not is_qual_filesystem(found):
+        return []
+    return [Refusal("signature", f"it is qual's own {found.get('TYPE')} filesystem, left by a "
+                                 f"run that was killed: `qual clean {devnode}` erases it")]
 
 
 def _usage(devnode: str, slices: str, me: Path, disk: Path, family: list[Path],

@@ -17,6 +17,9 @@ from qual.family import Field, Metric, Rates, Work
 from qual.record import Measurement
 
 
+FIT_MARGIN = 0.95  # a dataset scaled to fit (--qual-fit) leaves this share of the room used
+
+
 class Progress(Protocol):
     """Where a long run says what it is doing; `done` (0..1) is its share of the whole run,
     from which the CLI shows an ETA."""
@@ -121,7 +124,9 @@ class Family:
     name). `plan(table, test, param, rates)`: the Work one test of its suite does (`test` the
     suite's test function, `param` its parameter or None), for the plan made before any I/O;
     `filesystem`: its tests work on files, so on a raw namespace they run on a filesystem qual
-    makes there (docs/ARCHITECTURE.md, "A raw namespace")."""
+    makes there (docs/ARCHITECTURE.md, "A raw namespace"). `fit(table, room, need)`: the table
+    values that shrink what its tests need at once from `need` to at most `room` bytes ({}:
+    it cannot), for --qual-fit."""
 
     name: str
     description: str
@@ -137,6 +142,7 @@ class Family:
     plan: Callable[[dict, str, object, Rates], list[Work]] = field(
         default=lambda table, test, param, rates: [])
     filesystem: bool = False
+    fit: Callable[[dict, int, int], dict] = field(default=lambda table, room, need: {})
 
     @property
     def subcommand(self) -> str:

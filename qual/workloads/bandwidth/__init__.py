@@ -333,5 +333,11 @@ def _plan(table: dict, test: str, cell, rates: Rates) -> list[Work]:
     return []
 
 
+def _fit(table: dict, room: int, need: int) -> dict:
+    """A region that fits (--qual-fit): the room, in whole MiB."""
+    return {"size": room >> 20 << 20} if room >= 1 << 20 else {}
+
+
 FAMILY = Family(name=NAME, description="gdsio-style bandwidth matrix and random-read latency QoS",
-                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan)
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan,
+                fit=_fit)

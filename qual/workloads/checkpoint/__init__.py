@@ -24,7 +24,7 @@ from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_f
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import Family, Flags, ResultOutcome, positive as _positive
+from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, positive as _positive
 from qual.workloads.checkpoint import charts, ranks
 from qual.workloads.checkpoint.plan import (MLPERF_LAYOUTS, MODELS, RECIPES, SUBSET_PROCESSES,
                                             Plan, describe, plan_from)
@@ -683,6 +683,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
 FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
                 fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
                 remove=remove, plan=_plan, filesystem=True,
+                fit=lambda table, room, need: {"scale": table["scale"] * room / need * FIT_MARGIN},
                 flags=Flags(add=_flags, given=_given, defaults=_defaults, keep=lambda args: True,
                             dry_run=lambda args, table: _plan_document(table) if args.plan
                             else None,

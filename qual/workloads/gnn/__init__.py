@@ -14,15 +14,15 @@ import numpy as np
 from qual import honesty
 from qual.units import format_duration, format_quantity
 from qual.engine import BACKENDS, QualError, TargetUnavailable
-from qual.workloads.base import Family, Flags, ResultOutcome, positive
+from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, positive
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 from qual.target.scratch import own_folder, remove_made
 from qual.workloads.gnn import charts
 from qual.workloads.gnn import store as feature_store
-from qual.workloads.gnn.igbh import (CALIBRATION, CLASSES, FEATURE_DIM, IGBH, MARKER, SIZES, generate,
-                                     synthetic_name)
+from qual.workloads.gnn.igbh import (CALIBRATION, CLASSES, FEATURE_DIM, IGBH, MARKER, SIZES,
+                                     generate, synthetic_name)
 
 # torch and PyG load only when a GNN run starts (loaders, model, train): declaring the family
 # for profiles and the command line stays cheap
@@ -470,4 +470,6 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
 FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on "
                 "IGBH", fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
                 remove=remove, flags=Flags(add=_flags, given=_given), plan=_plan,
-                filesystem=True)
+                filesystem=True, fit=lambda table, room, need: {
+                    "scale": table["scale"] * room / need * FIT_MARGIN}
+                if table["dataset"] == "synthetic" else {})

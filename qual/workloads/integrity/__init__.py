@@ -1,7 +1,7 @@
 """Data integrity: verification blocks (offset, run seed, sequence, CRC32C in every block) laid
 over the profile's region in sequential or random order, overwritten by a newer generation,
 then read back and checked, so corrupted, stale (lost write) and misdirected blocks are found
-and named. Writes go through the target's guard (DESIGN §4)."""
+and named. Writes go through the target's guard (docs/ARCHITECTURE.md §4)."""
 
 from __future__ import annotations
 
@@ -162,4 +162,6 @@ def _plan(table: dict, test: str, pattern, rates: Rates) -> list[Work]:
 
 FAMILY = Family(name=NAME, description="data integrity: verification blocks written, "
                 "overwritten and checked", fields=FIELDS, metrics=METRICS, check=_check,
-                cells=_cells, run=run, plan=_plan)
+                cells=_cells, run=run, plan=_plan,
+                fit=lambda table, room, need: {"size": room // table["block_size"] *
+                                                       table["block_size"]})

@@ -463,4 +463,5 @@ def _plan(table: dict, test: str, pts_test, rates: Rates) -> list[Work]:
 
 FAMILY = Family(name=NAME, description="SNIA PTS: purge, precondition, IOPS, throughput, "
                                        "latency and write saturation to steady state",
-                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan)
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan,
+                fit=lambda table, room, need: {"size": room >> 20 << 20})

@@ -14,7 +14,7 @@ import numpy as np
 
 from qual import engine, honesty
 from qual.engine import BACKENDS
-from qual.workloads.base import Family, Flags, ResultOutcome, positive
+from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, positive
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -267,7 +267,7 @@ def caveats(result: dict, n: int) -> list[str]:
 
 
 def _check_run(r: dict, target: Target) -> dict:
-    """Honesty (DESIGN §6): O_DIRECT bytes must reach the device; nothing beats the link."""
+    """Honesty (docs/ARCHITECTURE.md §6): O_DIRECT bytes must reach the device; nothing beats the link."""
     checked = {"path": r["path"], "backend": r["backend"]}
     honesty.check_link(r["bw_bytes"], target.identity, target.spec, "training reads")
     seen = r["device_read_bytes"]
@@ -395,6 +395,16 @@ def _defaults(given: dict) -> dict:
     return {"accelerators": [1], "epochs": [1]}
 
 
+def _fit(table: dict, room: int, need: int) -> dict:
+    """A dataset that fits (--qual-fit): fewer files, but enough for two steps of every
+    accelerator count; then shorter records if those still do not fit."""
+    w = workload_of(table)
+    least = math.ceil(2 * w.batch * max(table["accelerators"]) / w.samples_per_file)  # AU: 2 steps
+    files = max(least, int(w.files * room / need * FIT_MARGIN))
+    scale = min(1.0, room * FIT_MARGIN / (files * w.file_bytes))
+    return {"files": files, "record_scale": table["record_scale"] * scale}
+
+
 RUN_TESTS = ("test_utilisation", "test_throughput", "test_accelerators_per_drive",
              "test_dataset_size")
 
@@ -423,4 +433,5 @@ FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with 
                 "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
                 check=_check, cells=_cells, run=run, remove=remove, command="train",
                 plan=_plan, filesystem=True,
+                fit=_fit,
                 flags=Flags(add=_flags, given=_given, defaults=_defaults))

@@ -9,10 +9,10 @@ pytestmark = [pytest.mark.stamp]
 
 
 @pytest.fixture(scope="module")
-def stamp(request):
+def stamp(target):
     family = registry()["stamp"]
     yield family
-    family.remove(request.getfixturevalue("target"))
+    family.remove(target)
 
 
 @allure.feature("durable writes")

@@ -1,0 +1,244 @@
+"""The plan before any I/O and the raw namespace qualified end to end: `qual run --plan`, a run
+refused once with exit 4 (nothing written), the file families on the filesystem qual makes on
+a raw device, and the device left blank however the run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import IS_ROOT, TINY_PROFILE, needs_root, sh, sha256_of
+
+CI_DEVICE = 2 << 30  # a blank RAM-backed namespace large enough for the ci profile
+
+
+def qual(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qual.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def ram_device():
+    """Factory: a blank loop device over a file in /dev/shm (the host, not a disk, is the
+    limit); detached and its file removed afterwards."""
+    made = []
+
+    def make(size: int = CI_DEVICE) -> str:
+        backing = Path("/dev/shm") / f"qual-test-{os.getpid()}-{len(made)}.img"
+        with open(backing, "wb") as f:
+            f.truncate(size)
+        dev = sh("losetup", "--find", "--show", str(backing))
+        made.append((dev, backing))
+        return dev
+
+    yield make
+    for dev, backing in made:
+        subprocess.run(["umount", dev], capture_output=True)
+        subprocess.run(["losetup", "--detach", dev], capture_output=True)
+        backing.unlink(missing_ok=True)
+
+
+def serial_of(dev: str) -> str:
+    """A loop device's stand-in serial: its backing file."""
+    return sh("losetup", "--noheadings", "--output", "BACK-FILE", dev)
+
+
+def blank(dev: str) -> bool:
+    """blkid finds no signature (exit 2) and nothing has the device mounted or held."""
+    probe = subprocess.run(["blkid", "-p", dev], capture_output=True, text=True)
+    mounted = subprocess.run(["findmnt", "--source", dev], capture_output=True, text=True)
+    held = os.listdir(f"/sys/class/block/{Path(dev).name}/holders")
+    return probe.returncode == 2 and not mounted.stdout.strip() and not held
+
+
+def test_plan_lists_every_test_and_runs_nothing(tmp_path):
+    proc = qual("run", "--profile", str(TINY_PROFILE), "--plan", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["refusals"] == [] and plan["kind"] == "file"
+    ids = [t["id"] for t in plan["tests"]]
+    assert "suites/test_bandwidth.py::test_cell[seq_read-64K-qd4]" in ids
+    for t in plan["tests"]:
+        assert {"id", "family", "bytes_written", "bytes_read", "estimate_s", "where"} <= set(t)
+    cells = [t for t in plan["tests"] if "test_cell" in t["id"]]
+    assert all(t["estimate_s"] >= 0.2 for t in cells)  # the profile's runtime per cell
+    assert cells[0]["bytes_written"] >= 16 << 20  # the scratch file's fill, once
+    assert cells[1]["bytes_written"] == 0 or "write" in cells[1]["id"]
+    assert plan["total_estimate_s"] == pytest.approx(sum(t["estimate_s"] for t in plan["tests"]))
+    assert not (tmp_path / ".qual").exists() and not (tmp_path / "qual-results").exists()
+    human = qual("run", "--profile", str(TINY_PROFILE), "--plan", "-k", "seq_read",
+                 cwd=tmp_path)
+    assert human.returncode == 0 and "total:" in human.stdout
+    assert "seq_read-64K-qd4" in human.stdout and "rand_read" not in human.stdout
+
+
+@needs_root
+def test_a_target_too_small_is_refused_once_saying_what_is_free(tmp_path, tmpfs):
+    profile = tmp_path / "big.toml"
+    profile.write_text(f'[profile]\nextends = "{TINY_PROFILE}"\ndescription = "too big"\n'
+                       '[bandwidth]\nsize = "1 GiB"\n')
+    proc = qual("run", "--target", str(tmpfs), "--profile", str(profile), cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 4, said
+    assert "Traceback" not in said and said.count("does not fit") == 1
+    assert "needs 1 GiB" in said and "free" in said and "in reserve" in said
+    assert os.listdir(tmpfs) == []  # no scratch file, no lock left
+
+
+@needs_root
+def test_qual_fit_scales_a_region_down_and_every_figure_says_so(tmp_path, loop_device):
+    drive = loop_device.mount(loop_device(256 << 20))  # ext4: the device's counters are truth
+    profile = tmp_path / "big.toml"
+    profile.write_text(f'[profile]\nextends = "{TINY_PROFILE}"\ndescription = "too big"\n'
+                       '[bandwidth]\nsize = "1 GiB"\n')
+    args = ["run", "--target", str(drive), "--profile", str(profile), "--qual-fit", "-k",
+            "test_cell or test_latency"]
+    plan = json.loads(qual(*args, "--plan", "--json", cwd=tmp_path).stdout)
+    assert plan["refusals"] == []
+    fitted = plan["fitted"]["bandwidth"]
+    assert 64 << 20 < fitted["changes"]["size"] < 256 << 20
+    assert "bandwidth.size 1 GiB ->" in fitted["caveat"]
+    proc = qual(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    record = json.loads((tmp_path / "qual-results" / "qual-run.json").read_text())
+    assert fitted["caveat"] in record["summary"]["caveats"]
+    for t in record["tests"]:
+        for m in t["measurements"]:
+            assert fitted["caveat"] in m["context"]["caveats"]
+            assert m["context"]["region_bytes"] == fitted["changes"]["size"]
+
+
+@needs_root
+def test_a_small_raw_namespace_is_refused_before_any_io(tmp_path, ram_device):
+    dev = ram_device(CI_DEVICE)
+    before = sha256_of(dev)
+    proc = qual("run", "--target", dev, "--profile", "gen4-qlc", "--qual-allow-destructive",
+                "--qual-confirm-serial", serial_of(dev), cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 4, said[-3000:]
+    assert "Traceback" not in said and "no tests ran" in said
+    assert "the bandwidth region (bandwidth.size) needs 64 GiB; the device holds 2 GiB" in said
+    assert "suites/test_bandwidth.py::test_cell[seq_read-1M-qd128]" in said
+    for family in ("integrity", "PTS", "checkpoint", "IGBH", "dataset"):
+        assert family in said
+    assert sha256_of(dev) == before
+
+
+@needs_root
+def test_a_raw_namespace_without_its_serial_is_refused_once(tmp_path, ram_device):
+    dev = ram_device(CI_DEVICE)
+    before = sha256_of(dev)
+    proc = qual("run", "--target", dev, "--qual-allow-destructive", cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 4, said[-3000:]
+    assert "Traceback" not in said
+    assert said.count("guard: serial: confirm the drive with --qual-confirm-serial") == 1
+    assert "does not fit" not in said
+    assert sha256_of(dev) == before
+
+
+@needs_root
+def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_device):
+    dev = ram_device(CI_DEVICE)
+    plan = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
+                serial_of(dev), "--plan", "--json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    doc = json.loads(plan.stdout)
+    assert doc["filesystem"]["type"] == "ext4"
+    where = {t["family"]: t["where"] for t in doc["tests"]}
+    assert where == {"bandwidth": "raw", "integrity": "raw", "pts": "raw",
+                     "checkpoint": "filesystem", "gnn": "filesystem", "training": "filesystem"}
+    proc = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
+                serial_of(dev), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    record = json.loads((tmp_path / "qual-results" / "qual-run.json").read_text())
+    assert record["summary"]["verdict"] == "PASS"
+    ran = {t["nodeid"].split("::")[0].split("/")[-1]: t["where"] for t in record["tests"]}
+    assert ran["test_bandwidth.py"] == ran["test_pts.py"] == ran["test_integrity.py"] == "raw"
+    assert ran["test_checkpoint.py"] == ran["test_gnn.py"] == ran["test_training_io.py"] == \
+        "filesystem"
+    order = [t["nodeid"] for t in record["tests"]]
+    assert max(i for i, n in enumerate(order) if "test_pts" in n) < \
+        min(i for i, n in enumerate(order) if "test_checkpoint" in n)  # raw suites first
+    assert record["plan"]["filesystem"]["options"][:2] == ["-E",
+                                                           "lazy_itable_init=0,lazy_journal_init=0"]
+    assert blank(dev)
+
+
+def _mounted_by(pid: int) -> bool:
+    """Whether process pid has qual's filesystem mounted (in its own mount namespace)."""
+    try:
+        return "qual-fs-" in Path(f"/proc/{pid}/mountinfo").read_text()
+    except OSError:
+        return False
+
+
+def _start_file_families(dev: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "qual.cli", "run", "--target", dev,
+                             "--qual-allow-destructive", "--qual-confirm-serial", serial_of(dev),
+                             "-k", "test_training_io or test_checkpoint"], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_mounted(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not _mounted_by(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, "qual never mounted its fs"
+        time.sleep(0.05)
+    time.sleep(2)  # into the family's I/O
+
+
+@needs_root
+def test_ctrl_c_while_the_file_families_run_leaves_the_device_blank(tmp_path, ram_device):
+    dev = ram_device(CI_DEVICE)
+    proc = _start_file_families(dev, tmp_path)
+    _wait_mounted(proc)
+    assert not subprocess.run(["findmnt", "--source", dev], capture_output=True,
+                              text=True).stdout.strip()  # mounted where only qual sees it
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out[-3000:]
+    assert blank(dev), subprocess.run(["blkid", "-p", dev], capture_output=True, text=True).stdout
+
+
+@needs_root
+def test_a_killed_run_leaves_nothing_mounted_and_clean_erases_only_qual_s_filesystem(
+        tmp_path, ram_device):
+    dev = ram_device(CI_DEVICE)
+    proc = _start_file_families(dev, tmp_path)
+    _wait_mounted(proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30  # the kernel unmounts as the namespace goes
+    while subprocess.run(["blkid", "-p", dev], capture_output=True).returncode == 2 or \
+            not _released(dev):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert "LABEL=\"qual" in sh("blkid", "-p", dev)
+    refused = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
+                   serial_of(dev), cwd=tmp_path)
+    assert refused.returncode == 4
+    assert f"qual's own ext4 filesystem, left by a run that was killed: `qual clean {dev}`" in \
+        refused.stdout + refused.stderr
+    assert qual("clean", dev, cwd=tmp_path).returncode == 0
+    assert blank(dev)
+    sh("mkfs.ext4", "-q", "-F", dev)  # someone else's filesystem: never erased
+    theirs = qual("clean", dev, cwd=tmp_path)
+    assert theirs.returncode == 1 and "qual did not make" in theirs.stderr
+    assert subprocess.run(["blkid", "-p", dev], capture_output=True).returncode == 0
+
+
+def _released(dev: str) -> bool:
+    try:
+        os.close(os.open(dev, os.O_RDONLY | os.O_EXCL))
+        return True
+    except OSError:
+        return False
+
