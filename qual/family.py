@@ -106,7 +106,9 @@ class Work:
     """Part of what one test of a family's suite does to the target: its estimated seconds,
     the bytes it writes and reads, and the room it needs on the target at once (`space`,
     described by `what` in a refusal). Work with the same `key` is shared (a dataset, a
-    module's workload run): it runs once, in the first selected test that needs it."""
+    module's workload run): it runs once, in the first selected test that needs it. `longest`:
+    the most seconds it may take where that is known and more than `seconds` (a test in rounds
+    until steady state: `seconds` at its window, `longest` at its round limit)."""
 
     key: str
     seconds: float
@@ -114,3 +116,4 @@ class Work:
     bytes_read: int = 0
     space: int = 0
     what: str = ""
+    longest: float | None = None

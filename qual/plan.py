@@ -42,6 +42,7 @@ class PlannedTest:
     bytes_read: int
     estimate_s: float
     space: int  # the most room it needs on the target at once
+    estimate_max_s: float  # the most it may take (a steady-state test at its round limit)
 
 
 @dataclass
@@ -60,12 +61,17 @@ class Plan:
     def total_estimate_s(self) -> float:
         return sum(t.estimate_s for t in self.tests)
 
+    @property
+    def total_estimate_max_s(self) -> float:
+        return sum(t.estimate_max_s for t in self.tests)
+
     def as_dict(self) -> dict:
         return {"target": self.target, "kind": self.kind, "profile": self.profile,
                 "tests": [asdict(t) for t in self.tests],
                 "bytes_written": sum(t.bytes_written for t in self.tests),
                 "bytes_read": sum(t.bytes_read for t in self.tests),
-                "total_estimate_s": self.total_estimate_s, "refusals": self.refusals,
+                "total_estimate_s": self.total_estimate_s,
+                "total_estimate_max_s": self.total_estimate_max_s, "refusals": self.refusals,
                 "filesystem": self.filesystem, "rates": self.rates, "basis": self.basis,
                 "fitted": self.fitted}
 
@@ -87,11 +93,16 @@ def plan_lines(plan: dict) -> list[str]:
                    "the end")
     out.append(f"{'test':<{width}}  {'where':<10}  {'writes':>9}  {'reads':>9}  estimate")
     for t in tests:
+        most = f" (at most {format_duration(t['estimate_max_s'])})" \
+            if t["estimate_max_s"] > 1.5 * t["estimate_s"] else ""
         out.append(f"{t['id']:<{width}}  {t['where']:<10}  {format_size(t['bytes_written']):>9}"
-                   f"  {format_size(t['bytes_read']):>9}  {format_duration(t['estimate_s'])}")
+                   f"  {format_size(t['bytes_read']):>9}  {format_duration(t['estimate_s'])}"
+                   + most)
     out.append(f"total: {format_size(plan['bytes_written'])} written, "
                f"{format_size(plan['bytes_read'])} read, about "
-               f"{format_duration(plan['total_estimate_s'])} ({plan['basis']})")
+               f"{format_duration(plan['total_estimate_s'])}, at most "
+               f"{format_duration(plan['total_estimate_max_s'])} if every steady-state test "
+               f"runs to its round limit ({plan['basis']})")
     for name, fit in plan.get("fitted", {}).items():
         out.append(f"CAVEAT {name}: {fit['caveat']}")
     if plan["refusals"]:
@@ -152,7 +163,7 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
         where = "file" if not block else "filesystem" if family.filesystem else "raw"
         room = rooms.room(family)
         written = read = space = 0
-        seconds = PER_TEST_S
+        seconds = longest = PER_TEST_S
         for w in family.plan(tables[s.family], s.test, s.param, replace(rates, room=room)):
             if w.space:
                 space = max(space, w.space)
@@ -164,13 +175,16 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
             done.add(w.key)
             written, read = written + w.bytes_written, read + w.bytes_read
             seconds += w.seconds
+            longest += w.seconds if w.longest is None else w.longest
             if where == "file" and not family.filesystem and w.space > filled:
                 fill = w.space - filled  # the scratch file, written once before it is read
                 written += fill
                 seconds += fill / rates.write_bw
+                longest += fill / rates.write_bw
                 filled = w.space
-        seconds *= factors.get(s.family, 1.0)
-        tests.append(PlannedTest(s.id, s.family, where, written, read, seconds, space))
+        factor = factors.get(s.family, 1.0)
+        tests.append(PlannedTest(s.id, s.family, where, written, read, seconds * factor, space,
+                                 max(seconds, longest) * factor))
     refusals = _space_refusals(short, profile)
     if keep and needs_fs:
         total = sum(t.space for t in tests if t.where == "filesystem")

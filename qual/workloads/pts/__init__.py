@@ -458,7 +458,8 @@ def _plan(table: dict, test: str, pts_test, rates: Rates) -> list[Work]:
     read = sum(rates.moved("read", p.bs, p.depth * p.workers, seconds) * p.rwmix // 100
                for p in points)
     return out + [Work(f"pts {pts_test}", seconds * len(points), bytes_written=written,
-                       bytes_read=read)]
+                       bytes_read=read,
+                       longest=table["max_rounds"] * table["runtime"] * len(points))]
 
 
 FAMILY = Family(name=NAME, description="SNIA PTS: purge, precondition, IOPS, throughput, "
