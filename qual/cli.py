@@ -95,13 +95,21 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                          "profile's `gate`)")
 
     cmp = sub.add_parser("compare", help="gate a run record against a baseline (firmware CI)",
-                         description="Compare every comparable measurement of NEW with the same "
-                                     "measurement of BASELINE, against the profile's tolerance. "
+                         description="Compare every judged measurement of NEW with the same "
+                                     "measurement of the BASELINE runs (their repetitions "
+                                     "pooled), against the profile's tolerance: regressed only "
+                                     "when the change's 95 %% interval lies wholly beyond it. "
                                      "Exit 0: all within tolerance; 1: a regression; 2: refused "
                                      "or unreadable; 3: no regression, but a metric improved "
-                                     "beyond its tolerance (refresh the baseline).")
-    cmp.add_argument("baseline", help="the previous run record (qual-run.json)")
-    cmp.add_argument("new", help="the run record to judge")
+                                     "beyond its tolerance (refresh the baseline); 5: no "
+                                     "regression, but the noise is larger than the question "
+                                     "for a metric (inconclusive: repeat it).")
+    cmp.add_argument("records", nargs="+", metavar="BASELINE... NEW",
+                     help="the previous run records (qual-run.json files, or folders of "
+                          "them: runs of the old firmware), then the run record to judge")
+    cmp.add_argument("--all", action="store_true", dest="gate_all",
+                     help="gate informational metrics too (default: those the profile judges "
+                          "or gives a tolerance; the rest are shown)")
     cmp.add_argument("--tolerance", default=None,
                      help="for criteria with no tolerance of their own (default: the profile's)")
     cmp.add_argument("--allow-other-drive", action="store_true",
@@ -235,6 +243,7 @@ def human_line(result: engine.IoResult) -> str:
             f"{units.format_size(result.bytes)} in {result.elapsed:.2f} s")
 
 
+EXIT_INCONCLUSIVE = 5  # qual compare: no regression, but the noise is larger than the question
 REPORT_MARK = ".qual-report"  # in a report folder qual made: the only kind it overwrites
 
 
@@ -316,32 +325,44 @@ def cmd_compare(args) -> int:
         print(f"qual compare: error: {message}", file=sys.stderr)
         return 2
 
+    if len(args.records) < 2:
+        return fail("give the baseline run record(s), then the new one")
+    args.baseline, args.new = args.records[0], args.records[-1]
     try:
-        old, new = record.read_record(args.baseline), record.read_record(args.new)
+        olds = [record.read_record(p) for p in record.record_paths(args.records[:-1])]
+        new = record.read_record(args.new)
         tolerance = units.parse_quantity(args.tolerance, "ratio") if args.tolerance else None
     except (ValueError, units.UnitError) as e:
         return fail(str(e))
-    refused = record.mismatches(old, model=record.drive_model(new),
-                                profile=new.get("profile", {}).get("name"))
+    old = olds[0]
+    refused = sorted({r for o in olds for r in record.mismatches(
+        o, model=record.drive_model(new), profile=new.get("profile", {}).get("name"))})
     refused = [r for r in refused if not (
         (r.startswith("drive model") and args.allow_other_drive) or
         (r.startswith("profile") and args.allow_other_profile))]
     if refused:
         return fail("; ".join(refused) + " (--allow-other-drive / --allow-other-profile to "
                     "compare them anyway)")
-    rows, gone, added = record.compare_records(old, new, old_label=Path(args.baseline).name,
-                                               default_tolerance=tolerance)
+    label = Path(args.baseline).name + (f" and {len(olds) - 1} more run(s)" if len(olds) > 1
+                                        else "")
+    rows, gone, added = record.compare_records(olds, new, old_label=label,
+                                               default_tolerance=tolerance,
+                                               gate_all=args.gate_all)
     if not rows:
         return fail(f"{args.new} and {args.baseline} share no comparable measurement")
     regressed = [r for r in rows if not r.passed]
     improved = [r for r in rows if r.improved]
+    unsure = [r for r in rows if r.inconclusive]
+    shown = [r for r in rows if not r.gated]
     if args.chart:
         Path(args.chart).write_bytes(report.baseline_chart(rows, f"{args.baseline} -> {args.new}"))
     refresh = f"cp {args.new} {args.baseline}"
     if args.json:
         print(json.dumps({"baseline": args.baseline, "new": args.new,
+                          "baselines": [str(p) for p in args.records[:-1]],
                           "metrics": [r.as_dict() for r in rows], "regressed": len(regressed),
-                          "improved": len(improved), "only_in_baseline": gone,
+                          "improved": len(improved), "inconclusive": len(unsure),
+                          "not_gated": len(shown), "only_in_baseline": gone,
                           "only_in_new": added, "refresh_baseline": refresh}, indent=2))
     else:
         for label, path, doc in (("baseline", args.baseline, old), ("new", args.new, new)):
@@ -349,17 +370,23 @@ def cmd_compare(args) -> int:
         for line in report.table_lines(report.comparison_rows(rows),
                                        header=report.COMPARISON_HEADER):
             print(line)
+        within = len(rows) - len(regressed) - len(improved) - len(unsure) - len(shown)
         print(f"{len(rows)} compared: {len(regressed)} regressed, {len(improved)} improved "
-              f"beyond tolerance, {len(rows) - len(regressed) - len(improved)} within tolerance")
+              f"beyond tolerance, {len(unsure)} inconclusive, {within} within tolerance, "
+              f"{len(shown)} informational (shown, not gated; --all gates them)")
         for mid in gone:
             print(f"not measured in the new run: {mid}")
         for r in regressed:
             print(f"REGRESSED: {r.line()}")
         for r in improved:
             print(f"IMPROVED: {r.line()}")
+        for r in unsure:
+            print(f"INCONCLUSIVE: {r.line()}")
         print(f"to make the new run the baseline: {refresh}")
     if regressed:
         return 1
+    if unsure:
+        return EXIT_INCONCLUSIVE
     return 3 if improved and not args.accept_improvements else 0
 
 

@@ -108,7 +108,9 @@ class Work:
     described by `what` in a refusal). Work with the same `key` is shared (a dataset, a
     module's workload run): it runs once, in the first selected test that needs it. `longest`:
     the most seconds it may take where that is known and more than `seconds` (a test in rounds
-    until steady state: `seconds` at its window, `longest` at its round limit)."""
+    until steady state: `seconds` at its window, `longest` at its round limit). `repeated`: the
+    test's own measuring, done again in each repetition of it (the profile's `repeats`), where
+    other work (a region's preconditioning) is done once."""
 
     key: str
     seconds: float
@@ -117,3 +119,4 @@ class Work:
     space: int = 0
     what: str = ""
     longest: float | None = None
+    repeated: bool = False

@@ -66,7 +66,8 @@ def _straddles(v: Verdict, m: Measurement) -> tuple[str, ...]:
     if not interval[0] < v.limit < interval[1]:
         return ()
     unit = v.criterion.unit
-    return (f"the 95 % interval {units.format_quantity(interval[0], unit)} .. "
+    share = m.context.get("interval_confidence", 0.95)
+    return (f"the {share * 100:.3g} % interval {units.format_quantity(interval[0], unit)} .. "
             f"{units.format_quantity(interval[1], unit)} straddles the bound "
             f"{units.format_quantity(v.limit, unit)}: this run cannot tell which side the "
             "true value lies on (more samples narrow it)",)

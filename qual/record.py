@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from qual import units
+from qual import stats, units
 from qual.family import Metric, measurement_id
+from qual.stats import median
 
 SCHEMA = "qual-run/1"
 DEFAULT_TOLERANCE = 0.05  # a profile's regression tolerance when it names none
@@ -45,6 +46,12 @@ class Measurement:
             out["samples"] = {str(k): v for k, v in self.samples.items()}
         return out
 
+    @property
+    def final(self) -> bool:
+        """Not an earlier repetition of a repeated figure (the last one holds them all)."""
+        r = self.context.get("repetition")
+        return r is None or r[0] == r[1]
+
     def shown(self, unit: str | None = None) -> str:
         return units.format_quantity(self.value, unit, dimension=self.dimension)
 
@@ -64,36 +71,87 @@ def measure(family: str, metric: Metric, params: dict, value: float, *,
 
 @dataclass(frozen=True)
 class Regression:
-    """A measurement against the same measurement of a baseline run."""
+    """A measurement against the same measurement of a baseline, judged by the noise-aware gate
+    (qual.stats): `value` and `baseline` are the medians of their repetitions, `change` the
+    estimated change (positive = better in the metric's direction) with its interval [`low`,
+    `high`], `answer` the gate's: regressed, improved, within or inconclusive (then `needed`
+    repetitions a side would likely decide). A metric not `gated` (informational, unless
+    `qual compare --all`) is shown and never fails."""
 
     id: str
     value: float
     baseline: float
-    change: float  # fraction; positive = better in the metric's direction
+    change: float
     tolerance: float
     dimension: str
     baseline_label: str
+    low: float | None = None
+    high: float | None = None
+    answer: str | None = None
+    needed: int | None = None
+    repetitions: tuple[int, int] = (1, 1)  # new, baseline
+    gated: bool = True
+
+    def __post_init__(self):
+        if self.answer is None:  # a single value a side: the interval is the change itself
+            word = "regressed" if self.change < -self.tolerance else \
+                "improved" if self.change > self.tolerance else "within"
+            object.__setattr__(self, "answer", word)
+            object.__setattr__(self, "low", self.change)
+            object.__setattr__(self, "high", self.change)
 
     @property
     def passed(self) -> bool:
-        return self.change >= -self.tolerance
+        return not (self.gated and self.answer == "regressed")
 
     @property
     def improved(self) -> bool:
-        """Better by more than the tolerance: flagged so a baseline never drifts silently."""
-        return self.change > self.tolerance
+        """Better beyond the tolerance: flagged so a baseline never drifts silently."""
+        return self.gated and self.answer == "improved"
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.gated and self.answer == "inconclusive"
 
     def line(self) -> str:
         word = "better" if self.change >= 0 else "worse"
         now = units.format_quantity(self.value, dimension=self.dimension)
         then = units.format_quantity(self.baseline, dimension=self.dimension)
+        n, m = self.repetitions
+        spread = f", 95 % interval {self.low * 100:+.1f} % .. {self.high * 100:+.1f} % over " \
+                 f"{n} and {m} repetitions" if n * m > 1 else ""
+        more = f"; about {self.needed} repetitions a side would decide" \
+            if self.answer == "inconclusive" and self.needed else ""
         return (f"{self.id} = {now} is {abs(self.change) * 100:.1f} % {word} than baseline "
-                f"{then} (tolerance {self.tolerance * 100:g} %) [baseline: {self.baseline_label}]")
+                f"{then} (tolerance {self.tolerance * 100:g} %{spread}){more} "
+                f"[baseline: {self.baseline_label}]")
 
     def as_dict(self) -> dict:
         return {"id": self.id, "value": self.value, "baseline": self.baseline,
-                "change": self.change, "tolerance": self.tolerance, "passed": self.passed,
-                "improved": self.improved, "line": self.line()}
+                "change": self.change, "low": self.low, "high": self.high,
+                "tolerance": self.tolerance, "answer": self.answer, "gated": self.gated,
+                "needed": self.needed, "repetitions": list(self.repetitions),
+                "passed": self.passed, "improved": self.improved,
+                "inconclusive": self.inconclusive, "line": self.line()}
+
+
+def repetitions_of(m: dict) -> list[float]:
+    """A recorded measurement's repetitions (one when it was measured once)."""
+    return [float(v) for v in m.get("context", {}).get("repetitions") or [m["value"]]]
+
+
+def gate_values(mid: str, new: list[float], base: list[float], *, better: str, tolerance: float,
+                dimension: str, label: str, gated: bool = True) -> Regression | None:
+    """The gate's answer for one metric's repetitions (None: no ratio to take)."""
+    if min(new + base) <= 0:
+        change = change_between(median(new), median(base), better)
+        return None if change is None else Regression(
+            mid, median(new), median(base), change, tolerance, dimension, label,
+            repetitions=(len(new), len(base)), gated=gated)
+    a = stats.gate(new, base, better, tolerance)
+    return Regression(mid, median(new), median(base), a.change.value, tolerance, dimension,
+                      label, a.change.low, a.change.high, a.verdict, a.needed,
+                      (len(new), len(base)), gated)
 
 
 def change_between(value: float, baseline: float, better: str) -> float | None:
@@ -103,6 +161,17 @@ def change_between(value: float, baseline: float, better: str) -> float | None:
         return None
     change = (value - baseline) / abs(baseline)
     return -change if better == "lower" else change
+
+
+def record_paths(given: list[str]) -> list[Path]:
+    """Run records named one by one, or folders of them (every qual-run.json below)."""
+    out = []
+    for g in map(Path, given):
+        found = sorted(g.rglob(RECORD_NAME)) if g.is_dir() else [g]
+        if not found:
+            raise ValueError(f"{g}: no {RECORD_NAME} in this folder")
+        out += found
+    return out
 
 
 def read_record(path: str | Path) -> dict:
@@ -118,9 +187,16 @@ def read_record(path: str | Path) -> dict:
 
 
 def comparable_measurements(record: dict) -> dict[str, dict]:
-    """The measurements of a record that may be gated against, by id."""
+    """The measurements of a record that may be gated against, by id (of a repeated figure,
+    the last repetition's: it holds every repetition)."""
     return {m["id"]: m for t in record.get("tests", []) for m in t["measurements"]
-            if m.get("comparable", True)}
+            if m.get("comparable", True) and _final(m)}
+
+
+def _final(m: dict) -> bool:
+    """Not an earlier repetition of a repeated figure."""
+    r = m.get("context", {}).get("repetition")
+    return r is None or r[0] == r[1]
 
 
 def drive_model(record: dict) -> str | None:
@@ -139,42 +215,71 @@ def mismatches(old: dict, *, model: str | None, profile: str) -> list[str]:
 
 
 class Baseline:
-    """A previous run record to gate against (firmware CI)."""
+    """Previous run records to gate against (firmware CI): one, or several runs of the old
+    firmware whose repetitions pool into the baseline's distribution."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.data = read_record(path)
-        self.values = comparable_measurements(self.data)
+    def __init__(self, path: str | Path | list):
+        paths = record_paths([str(p) for p in (path if isinstance(path, list) else [path])])
+        self.path = paths[0]
+        self.records = [read_record(p) for p in paths]
+        self.data = self.records[0]
+        self.values = pooled(self.records)
         fw = (self.data.get("target", {}).get("identity") or {}).get("firmware")
-        self.label = f"{self.path.name}" + (f" fw {fw}" if fw else "")
+        self.label = f"{self.path.name}" + (f" fw {fw}" if fw else "") + \
+            (f" and {len(paths) - 1} more run(s)" if len(paths) > 1 else "")
 
     def compare(self, m: Measurement, tolerance: float) -> Regression | None:
         old = self.values.get(m.id)
         if old is None or not m.comparable:
             return None
-        change = change_between(m.value, old["value"], m.better)
-        if change is None:
-            return None
-        return Regression(m.id, m.value, old["value"], change, tolerance, m.dimension, self.label)
+        return gate_values(m.id, m.context.get("repetitions") or [m.value], old["repetitions"],
+                           better=m.better,
+                           tolerance=tolerance, dimension=m.dimension, label=self.label)
 
 
-def compare_records(old: dict, new: dict, *, old_label: str, default_tolerance: float | None = None
+def pooled(records: list[dict]) -> dict[str, dict]:
+    """The comparable measurements of several records by id, each with every record's
+    repetitions pooled under `repetitions`."""
+    out: dict[str, dict] = {}
+    for record in records:
+        for mid, m in comparable_measurements(record).items():
+            entry = out.setdefault(mid, {**m, "repetitions": []})
+            entry["repetitions"] += repetitions_of(m)
+    return out
+
+
+def judged_ids(record: dict) -> set[str]:
+    """The measurements a record's profile judges (a verdict) or gives a tolerance."""
+    return {v["id"] for t in record.get("tests", ()) for v in t.get("verdicts", ())} | \
+        set(record.get("profile", {}).get("tolerances", {}))
+
+
+def compare_records(old: dict | list[dict], new: dict | list[dict], *, old_label: str,
+                    default_tolerance: float | None = None, gate_all: bool = True
                     ) -> tuple[list[Regression], list[str], list[str]]:
-    """Every comparable measurement of `new` against `old`: the regressions (passed or not),
-    the ids only the baseline has, and the ids only the new run has. Tolerances are the new
-    run's profile's, per criterion, else its default (or `default_tolerance` when given)."""
-    before, after = comparable_measurements(old), comparable_measurements(new)
-    prof = new.get("profile", {})
+    """Every comparable measurement of `new` (one record or several runs, pooled) against
+    `old` (likewise): the gate's answers, the ids only the baseline has, and the ids only the
+    new run has. Tolerances are the new run's profile's, per criterion, else its default (or
+    `default_tolerance` when given). Without `gate_all`, only what the profile judges or gives
+    a tolerance is gated; the rest is shown."""
+    olds = old if isinstance(old, list) else [old]
+    news = new if isinstance(new, list) else [new]
+    before, after = pooled(olds), pooled(news)
+    prof = news[0].get("profile", {})
     default = default_tolerance if default_tolerance is not None else \
         prof.get("tolerance", DEFAULT_TOLERANCE)
     per_criterion = prof.get("tolerances", {})
+    judged = set().union(*(judged_ids(r) for r in news))
     rows = []
     for mid, m in after.items():
         o = before.get(mid)
-        change = change_between(m["value"], o["value"], m["better"]) if o else None
-        if change is not None:
-            rows.append(Regression(mid, m["value"], o["value"], change,
-                                   per_criterion.get(mid, default), m["dimension"], old_label))
+        if o is None:
+            continue
+        r = gate_values(mid, m["repetitions"], o["repetitions"], better=m["better"],
+                        tolerance=per_criterion.get(mid, default), dimension=m["dimension"],
+                        label=old_label, gated=gate_all or mid in judged)
+        if r is not None:
+            rows.append(r)
     return rows, sorted(set(before) - set(after)), sorted(set(after) - set(before))
 
 
@@ -237,7 +342,7 @@ def summarize(tests: list[dict], profile) -> dict:
     want of device truth), else PASS."""
     verdicts = [v for t in tests for v in t.get("verdicts", [])]
     regressions = [r for t in tests for r in t.get("regressions", [])]
-    measurements = [m for t in tests for m in t.get("measurements", [])]
+    measurements = [m for t in tests for m in t.get("measurements", []) if _final(m)]
     judged = {v["id"] for v in verdicts}
     not_judged = [c.id for c in profile.criteria if c.id not in judged]
     failed = sum(not v["passed"] for v in verdicts) + sum(not r["passed"] for r in regressions)
@@ -262,6 +367,7 @@ def summarize(tests: list[dict], profile) -> dict:
         "checks_passed": sum(v["passed"] for v in verdicts) + sum(r["passed"] for r in regressions),
         "checks_failed": failed,
         "improved": [r["id"] for r in regressions if r["improved"]],
+        "inconclusive": [r["line"] for r in regressions if r.get("inconclusive")],
         "not_judged": not_judged,
         "caveats": sorted({c for v in verdicts for c in v.get("caveats", ())}),
         "unverified": [u for t in tests for u in t.get("unverified", [])],

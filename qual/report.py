@@ -109,15 +109,19 @@ COMPARISON_HEADER = ("metric", "parameters", "baseline", "new", "change", "toler
 def comparison_rows(regressions) -> list[tuple[str, ...]]:
     """(metric, parameters, baseline, new, change, tolerance, verdict) per compared metric,
     regressions first, then improvements beyond tolerance, then the rest."""
-    order = sorted(regressions, key=lambda r: (r.passed, not r.improved, r.id))
+    order = sorted(regressions, key=lambda r: (r.passed, not r.inconclusive, not r.improved,
+                                               not r.gated, r.id))
     rows = []
     for r in order:
         metric, _, params = r.id.partition("[")
         rows.append((metric, params.rstrip("]"),
                      units.format_quantity(r.baseline, dimension=r.dimension),
                      units.format_quantity(r.value, dimension=r.dimension),
-                     f"{r.change * 100:+.1f} %", f"{r.tolerance * 100:g} %",
-                     "REGRESSED" if not r.passed else ("IMPROVED" if r.improved else "same")))
+                     f"{r.change * 100:+.1f} %" + (f" [{r.low * 100:+.1f}, {r.high * 100:+.1f}]"
+                                                   if r.low != r.high else ""),
+                     f"{r.tolerance * 100:g} %",
+                     "REGRESSED" if not r.passed else "INCONCLUSIVE" if r.inconclusive else
+                     "IMPROVED" if r.improved else "same" if r.gated else "(not gated)"))
     return rows
 
 

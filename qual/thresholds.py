@@ -26,7 +26,7 @@ from qual.workloads.base import Family, Settings
 from qual.record import DEFAULT_TOLERANCE
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
-                "peak_read_bw", "filesystem", "filesystem_options", "fit")
+                "peak_read_bw", "filesystem", "filesystem_options", "fit", "repeats")
 FILESYSTEMS = ("ext4", "xfs")  # what qual makes on a raw namespace for the file families
 LINK = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s\s+x(\d+)\s*$")  # "32 GT/s x4": the class's host link
 DEVICE_TRUTH = ("required", "optional")  # optional: judged without it, with a caveat
@@ -164,6 +164,7 @@ class Profile:
     filesystem: str = "ext4"  # made on a raw namespace for the file families
     filesystem_options: tuple[str, ...] | None = None  # mkfs options; None: qual's defaults
     fit: bool = False  # a region or dataset larger than the target is scaled down, with a CAVEAT
+    repeats: int = 1  # repetitions of every judged figure (interleaved), judged by their median
 
     @property
     def gated_severities(self) -> tuple[str, ...]:
@@ -180,7 +181,7 @@ class Profile:
                 "description": self.description, "tolerance": self.tolerance,
                 "gate": self.gate, "device_truth": self.device_truth,
                 "filesystem": self.filesystem, "filesystem_options": self.filesystem_options,
-                "fit": self.fit,
+                "fit": self.fit, "repeats": self.repeats,
                 "files": [str(f) for f in self.files],
                 "tolerances": {c.id: c.tolerance for c in self.criteria
                                if c.tolerance is not None}}
@@ -234,7 +235,7 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    peak_read_bw=info.get("peak_read_bw", {}),
                    filesystem=info.get("filesystem", "ext4"),
                    filesystem_options=info.get("filesystem_options"),
-                   fit=info.get("fit", False))
+                   fit=info.get("fit", False), repeats=info.get("repeats", 1))
 
 
 def family_table(fam: Family, given: dict, *, base: dict | None = None,
@@ -357,6 +358,11 @@ def _parse_profile_table(value, label, problems) -> dict:
             if v not in FILESYSTEMS:
                 problems.append((label, where, f"{v!r} is not a filesystem qual makes "
                                                f"({', '.join(FILESYSTEMS)})"))
+            else:
+                out[key] = v
+        elif key == "repeats":
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100:
+                problems.append((label, where, f"{v!r} is not a count of repetitions (1..100)"))
             else:
                 out[key] = v
         elif key == "fit":

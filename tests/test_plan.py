@@ -125,7 +125,7 @@ def test_a_small_raw_namespace_is_refused_before_any_io(tmp_path, ram_device):
     assert proc.returncode == 4, said[-3000:]
     assert "Traceback" not in said and "no tests ran" in said
     assert "the bandwidth region (bandwidth.size) needs 64 GiB; the device holds 2 GiB" in said
-    assert "suites/test_bandwidth.py::test_cell[seq_read-1M-qd128]" in said
+    assert "suites/test_bandwidth.py::test_cell[seq_read-1M-qd128-r1]" in said  # 5 repeats
     for family in ("integrity", "PTS", "checkpoint", "IGBH", "dataset"):
         assert family in said
     assert sha256_of(dev) == before

@@ -148,6 +148,40 @@ def test_compare_flags_an_improvement_beyond_tolerance(tiny_run, tmp_path):
     assert accepted.returncode == 0
 
 
+def test_compare_pools_several_baseline_runs_and_says_when_the_noise_decides(tiny_run,
+                                                                              tmp_path):
+    """Five runs of the old firmware, 2 % apart: a new run 3 % slower is within a 5 %
+    tolerance, 10 % slower is regressed, 6 % slower is inconclusive (exit 5), since the old
+    runs alone spread from 1 to 8 % above it."""
+    _, _, record = tiny_run
+    old = tmp_path / "old-firmware"
+    old.mkdir()
+    for i, factor in enumerate((1.0, 1.02, 0.98, 1.01, 0.99)):
+        (old / f"run{i}").mkdir()
+        planted(record, "seq_read_bw", factor, old / f"run{i}" / "qual-run.json")
+    answers = {}
+    for factor in (0.97, 0.90, 0.94):
+        new = planted(record, "seq_read_bw", factor, tmp_path / f"new-{factor}.json")
+        proc = qual("compare", str(old), str(new), "--tolerance", "5%", "--json")
+        doc = json.loads(proc.stdout)
+        row = next(m for m in doc["metrics"] if m["id"].startswith("seq_read_bw"))
+        assert row["repetitions"] == [1, 5]
+        answers[factor] = (proc.returncode, row["answer"])
+    assert answers == {0.97: (0, "within"), 0.90: (1, "regressed"), 0.94: (5, "inconclusive")}
+    said = qual("compare", str(old), str(tmp_path / "new-0.94.json"), "--tolerance", "5%")
+    assert "INCONCLUSIVE: seq_read_bw" in said.stdout and "repetitions a side" in said.stdout
+
+
+def test_compare_gates_what_the_profile_judges_and_shows_the_rest(tiny_run, tmp_path):
+    _, results, record = tiny_run
+    new = planted(record, "seq_read_iops", 0.5, tmp_path / "new.json")  # informational
+    shown = qual("compare", str(results / "qual-run.json"), str(new), "--tolerance", "5%")
+    assert shown.returncode == 0 and "(not gated)" in shown.stdout
+    gated = qual("compare", str(results / "qual-run.json"), str(new), "--tolerance", "5%",
+                 "--all")
+    assert gated.returncode == 1 and "REGRESSED: seq_read_iops" in gated.stdout
+
+
 def test_compare_refuses_another_drive_or_profile(tiny_run, tmp_path):
     _, results, record = tiny_run
     other = json.loads(json.dumps(record))

@@ -41,9 +41,10 @@ def pytest_addoption(parser):
                      "(default: ci)")
     g.addoption("--qual-results", default="qual-results", metavar="DIR",
                 help="where the run record qual-run.json goes (default: qual-results)")
-    g.addoption("--qual-baseline", action="append", default=None, metavar="FILE",
-                help="a previous qual-run.json: a regression beyond the profile's tolerance "
-                     "fails (one per --qual-target, in the same order)")
+    g.addoption("--qual-baseline", action="append", default=None, metavar="FILE|DIR",
+                help="a previous qual-run.json, or a folder of runs of the old firmware (their "
+                     "repetitions pooled): a regression beyond the profile's tolerance fails "
+                     "(one per --qual-target, in the same order)")
     g.addoption("--qual-baseline-any", action="store_true",
                 help="gate against a baseline of another drive model or profile")
     g.addoption("--qual-allow-destructive", action="store_true",
@@ -54,6 +55,9 @@ def pytest_addoption(parser):
                 help="keep qual's scratch file after the run (the next run reuses it)")
     g.addoption("--qual-seed", type=int, default=1, metavar="N",
                 help="seed of random offsets and write data (default 1, so runs are comparable)")
+    g.addoption("--qual-repeats", type=int, default=None, metavar="N",
+                help="measure every judged figure N times, interleaved, and judge the median "
+                     "with its interval (default: the profile's `repeats`)")
     g.addoption("--qual-fit", action="store_true",
                 help="scale a region or dataset larger than the target down to fit it (every "
                      "scaled figure carries a CAVEAT), instead of refusing the run")
@@ -149,6 +153,13 @@ def table(request, profile) -> dict:
     if found is None:
         pytest.skip(f"profile {profile.name} has no [{family}] table")
     return found
+
+
+@pytest.fixture
+def repetition() -> tuple[int, int]:
+    """(this repetition, of how many): (1, 1) unless a suite parametrizes its repeated tests
+    with qual_session(config).repetitions()."""
+    return (1, 1)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 from qual import thresholds
 from qual.judge import judge
 from qual.record import Baseline, Measurement
+from qual.stats import median_interval
 from qual.workloads.base import Outcome
 
 PAYLOAD = "qual"  # key of report.user_properties that carries a test's measurements and verdicts
@@ -34,11 +35,41 @@ ATTACHMENT_TYPES = {"png": allure.attachment_type.PNG, "json": allure.attachment
 
 
 class Recorder:
-    def __init__(self, item, judging: Judging, collect: Callable[[list[Measurement]], None]):
+    def __init__(self, item, judging: Judging, collect: Callable[[list[Measurement]], None],
+                 earlier: list[Measurement] | None = None):
         self.item = item
         self.judging = judging
         self._collect = collect
+        self._earlier = earlier if earlier is not None else []
         self.measurements: list[Measurement] = []
+        self.repetition: tuple[int, int] = (1, 1)
+
+    def repeat(self, repetition: tuple[int, int]) -> None:
+        """This test is repetition r of n of its figures (docs/ARCHITECTURE.md §5): before the
+        last, its measurements are kept and not judged; the last judges the median of all of
+        them with its interval."""
+        self.repetition = tuple(repetition)
+
+    def _combine(self) -> list[Measurement]:
+        """The measurements to judge: none before the last repetition; at the last, each the
+        median of its repetitions so far, with every repetition and the interval in its
+        context."""
+        r, n = self.repetition
+        if n == 1:
+            return self.measurements
+        for m in self.measurements:
+            m.context["repetition"] = [r, n]
+        if r < n:
+            return []
+        for m in self.measurements:
+            values = [e.value for e in self._earlier if e.id == m.id and e is not m and
+                      e.context.get("repetition", [0, 0])[1] == n] + [m.value]
+            ci = median_interval(values)
+            m.context.update(repetitions=values, single=m.value,
+                             interval=[ci.low, ci.high] if len(values) > 1 else None,
+                             interval_confidence=ci.confidence)
+            m.value = ci.value
+        return self.measurements
 
     @property
     def seed(self) -> int:
@@ -65,7 +96,7 @@ class Recorder:
             fitted = self.judging.caveats.get(m.family)
             if fitted and fitted not in m.context.get("caveats", ()):
                 m.context["caveats"] = [*m.context.get("caveats", ()), fitted]
-        verdict = judge(self.measurements, self.judging.profile, self.judging.baseline)
+        verdict = judge(self._combine(), self.judging.profile, self.judging.baseline)
         payload = {"measurements": [m.as_dict() for m in self.measurements], **verdict.as_dict()}
         self.item.user_properties.append((PAYLOAD, payload))
 

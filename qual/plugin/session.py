@@ -59,6 +59,9 @@ class QualSession:
             self.profile = thresholds.load_profile(opt.qual_profile, self.families)
         except thresholds.ProfileError as e:
             raise pytest.UsageError(f"--qual-profile {opt.qual_profile}: invalid profile:\n{e}") from None
+        if opt.qual_repeats is not None and not 1 <= opt.qual_repeats <= 100:
+            raise pytest.UsageError(f"--qual-repeats {opt.qual_repeats}: give 1 to 100 "
+                                    "repetitions")
         specs = opt.qual_target or [DEFAULT_TARGET]
         if len(set(specs)) != len(specs):
             raise pytest.UsageError("--qual-target: a drive is named twice")
@@ -134,6 +137,19 @@ class QualSession:
             self._targets[spec] = t
         return self._targets[spec]
 
+    @property
+    def repeats(self) -> int:
+        given = self.config.option.qual_repeats
+        return given if given is not None else self.profile.repeats
+
+    def repetitions(self, labels: list[str]) -> tuple[list[tuple], list[str]]:
+        """Parameters for a suite's repeated tests: every (repetition, label) pair, the
+        repetitions interleaved (all labels once, then all again), and their ids."""
+        n = self.repeats
+        params = [((r, n), label) for r in range(1, n + 1) for label in labels]
+        ids = [label if n == 1 else f"{label}-r{r}" for (r, _), label in params]
+        return params, ids
+
     def held_target(self, spec: str, *, filesystem: bool = False) -> Target:
         """The target, locked for this session from its first test on; with `filesystem`, on
         a block device, a folder on the filesystem qual makes there (after the guard)."""
@@ -207,8 +223,8 @@ class QualSession:
         """A test's recorder: judged against this drive's baseline; what it records joins
         the drive's measurements of this process (for the suites' chart tests)."""
         spec = self.spec_of(item)
-        return Recorder(item, self.judging(spec),
-                        self.measurements.setdefault(spec, []).extend)
+        store = self.measurements.setdefault(spec, [])
+        return Recorder(item, self.judging(spec), store.extend, earlier=store)
 
     def progress(self, message: str, done: float | None = None) -> None:
         if self.config.option.verbose < 0:
@@ -254,9 +270,10 @@ class QualSession:
             family = self.family_of(item)
             params = {k: v for k, v in getattr(item, "callspec", None).params.items()
                       if k != "target"} if hasattr(item, "callspec") else {}
+            repetition = params.pop("repetition", (1, 1))[0]
             selected[self.spec_of(item)].append(Selected(
                 item.nodeid, family or "", item.originalname, next(iter(params.values()), None),
-                item.get_closest_marker("destructive") is not None))
+                item.get_closest_marker("destructive") is not None, repetition))
         try:
             for spec, chosen in selected.items():
                 if chosen:
@@ -398,6 +415,8 @@ class QualSession:
                 tr.write_line(f"not judged: {missing}")
             for why in s.get("unverified", ()):
                 tr.write_line(f"UNVERIFIED: {why}", yellow=True)
+            for line in s.get("inconclusive", ()):
+                tr.write_line(f"INCONCLUSIVE against the baseline: {line}", yellow=True)
             for caveat in s.get("caveats", ()):
                 tr.write_line(f"CAVEAT: {caveat}", yellow=True)
             tr.write_line(f"verdict: {s['verdict']}    run record: {path}",

@@ -322,7 +322,7 @@ def _plan(table: dict, test: str, cell, rates: Rates) -> list[Work]:
         seconds = rounds * table["runtime"]
         moved = rates.moved(cell.op, cell.bs, cell.qd * table["workers"], seconds)
         longest = ss["max_rounds"] * table["runtime"] if rounds > 1 else None
-        out = [region, Work(f"cell {cell.label}", seconds, longest=longest, **(
+        out = [region, Work(f"cell {cell.label}", seconds, longest=longest, repeated=True, **(
             {"bytes_written": moved} if cell.op == "write" else {"bytes_read": moved}))]
         if cell.op == "write" and ss and ss["precondition_passes"]:
             wipc = ss["precondition_passes"] * size
@@ -332,7 +332,7 @@ def _plan(table: dict, test: str, cell, rates: Rates) -> list[Work]:
         lat = table["latency"]
         seconds = lat["runtime"] if not lat.get("samples") else \
             min(lat["runtime"], lat["samples"] / (rates.iops_4k / 8))
-        return [region, Work("latency", seconds, bytes_read=rates.moved(
+        return [region, Work("latency", seconds, repeated=True, bytes_read=rates.moved(
             "read", lat["block_size"], lat["depth"], seconds))]
     if test == "test_charts":
         return [Work("charts", CHART_CPU_S * rates.cpu)]
