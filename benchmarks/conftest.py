@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from qual.units import parse_size
-
-SHM = Path("/dev/shm")
+from standin import SHM, ram_stand_in
 
 
 def pytest_addoption(parser):
@@ -45,10 +41,6 @@ def bench_rounds(request) -> int:
     return max(1, request.config.getoption("bench_rounds"))
 
 
-def _sh(*cmd: str) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="session")
 def ram_drive(bench_size):
     """A folder on ext4 on a loop device over a file in /dev/shm, removed afterwards."""
@@ -59,24 +51,8 @@ def ram_drive(bench_size):
     free = shutil.disk_usage(SHM).free
     if free < need + (512 << 20):
         pytest.skip(f"/dev/shm has {free >> 20} MiB free, the stand-in needs {need >> 20} MiB")
-    backing = Path(tempfile.mkdtemp(dir=SHM, prefix="qual-bench-")) / "drive.img"
-    with open(backing, "wb") as f:
-        f.truncate(need)
-    dev = _sh("losetup", "--find", "--show", "--direct-io=on", str(backing))
-    point = Path(tempfile.mkdtemp(prefix="qual-bench-mnt-"))
-    try:
-        _sh("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev)
-        _sh("mount", "-o", "noatime", dev, str(point))
+    with ram_stand_in(need) as (point, _):
         yield point
-    finally:
-        for _ in range(50):  # the kernel lets go of a ring's files a moment after close
-            if subprocess.run(["umount", str(point)], capture_output=True).returncode == 0 \
-                    or not os.path.ismount(point):
-                break
-            time.sleep(0.1)
-        subprocess.run(["losetup", "--detach", dev], capture_output=True)
-        shutil.rmtree(backing.parent, ignore_errors=True)
-        point.rmdir()
 
 
 @pytest.fixture(scope="session")

@@ -282,6 +282,7 @@ def cmd_report(args) -> int:
     dirs = [str(d.resolve()) for d in allure_dirs]
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARK).write_text("made by qual report\n")
+    report.forget_run(history, allure_dirs)  # reported again, a run is still one run in trends
     built = subprocess.run([*cli, "generate", "--config", str(config), "--output",
                             str(out.resolve()), *dirs], env=env, capture_output=True, text=True)
     # the Awesome plugin writes to --out itself or, in some layouts, to its own subfolder:

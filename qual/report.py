@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
 import math
 import time
 import types
@@ -240,6 +241,29 @@ def summary_lines(record: dict, source_width: int = 70) -> list[str]:
                    for r in rows]
         lines += [f"[{family}]", *table_lines(clipped, header=SUMMARY_HEADER)]
     return lines
+
+
+def _starts(results: list[dict]) -> frozenset:
+    """What identifies one run in Allure's history: its tests' start times."""
+    return frozenset(r.get("start") for r in results)
+
+
+def forget_run(history: Path, allure_dirs: list[Path]) -> int:
+    """Drop from Allure's history file the entries of the run these results hold, before a
+    report of it is built again: the build appends the run once more, so rebuilding a report
+    never counts a run twice in the trends. Returns the entries dropped."""
+    if not history.exists():
+        return 0
+    run = _starts([json.loads(f.read_text()) for d in allure_dirs
+                   for f in d.glob("*-result.json")])
+    lines = [line for line in history.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines
+            if _starts(list((json.loads(line).get("testResults") or {}).values())) != run]
+    if len(kept) < len(lines):
+        tmp = history.with_name(f".{history.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, history)
+    return len(lines) - len(kept)
 
 
 def placement(record: dict) -> str | None:

@@ -242,7 +242,11 @@ def test_report_builds_and_a_browser_shows_the_summary(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "quality gate (no failed test of severity normal or above): passed" in proc.stdout
     index = _index_of(proc, out)
-    assert (tmp_path / "history.jsonl").read_text().strip()  # this run, in the trend history
+    assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 1  # this run
+    again = qual("report", str(results), "--out", str(out),
+                 "--history", str(tmp_path / "history.jsonl"))
+    assert again.returncode == 0
+    assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 1  # still one run
     single = qual("report", str(results), "--out", str(tmp_path / "mail"), "--single-file")
     assert single.returncode == 0, single.stdout + single.stderr
     assert not list(_index_of(single, tmp_path / "mail").parent.glob("*.js"))  # all inline

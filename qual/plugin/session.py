@@ -270,7 +270,8 @@ class QualSession:
             family = self.family_of(item)
             params = {k: v for k, v in getattr(item, "callspec", None).params.items()
                       if k != "target"} if hasattr(item, "callspec") else {}
-            repetition = params.pop("repetition", (1, 1))[0]
+            repetition = params.pop("repetition", None)
+            repetition = repetition[0] if isinstance(repetition, tuple) else 1
             selected[self.spec_of(item)].append(Selected(
                 item.nodeid, family or "", item.originalname, next(iter(params.values()), None),
                 item.get_closest_marker("destructive") is not None, repetition))
