@@ -36,21 +36,14 @@ runtime = "{runtime}"
 block_sizes = ["1M"]
 depths = [8]
 patterns = ["seq_read", "seq_write"]
-
+""" + "".join(f"""
 [[bandwidth.criteria]]
-metric = "seq_read_bw"
-params = {{ bs = "1M", qd = 8 }}
+metric = "{metric}"
+params = {{{{ bs = "1M", qd = 8 }}}}
 min = 1
 unit = "MiB/s"
 source = "gate study: judged, so gated"
-
-[[bandwidth.criteria]]
-metric = "seq_write_bw"
-params = {{ bs = "1M", qd = 8 }}
-min = 1
-unit = "MiB/s"
-source = "gate study: judged, so gated"
-"""
+""" for metric in ("seq_read_bw", "seq_write_bw"))
 
 
 def run(point: Path, profile: Path, results: Path, cgroup: Path | None = None) -> dict:
