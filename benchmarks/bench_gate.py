@@ -5,10 +5,15 @@ on the RAM stand-in (root: a loop device over /dev/shm, ext4 on it).
   `qual compare --tolerance 10%`: how many say "regressed" (and how many "inconclusive").
 - Planted: the same device made slower by the kernel's block throttle (cgroup v1
   blkio.throttle.read_bps_device and read_iops_device on the loop device, reads only) at 75 %
-  of the reads' measured median; each throttled run is compared with an unthrottled one: how
-  many call the read metrics regressed, and whether any write metric is called regressed.
+  of the reads' median over a first round of runs; each throttled run is compared with the
+  unthrottled run just before it: how many call the read metrics regressed, and whether any
+  write metric is called regressed.
 
-    python benchmarks/bench_gate.py [--pairs 20] [--repeats 5] [--runtime 0.3s]
+Runs are taken in triples, back to back (A, B, then throttled T; A/A compares A with B, the
+planted study B with T), so that the host's drift over the minutes of the study lands in
+neither comparison.
+
+    python benchmarks/bench_gate.py [--pairs 20] [--repeats 5] [--runtime 0.5s]
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ source = "gate study: judged, so gated"
 
 
 def run(point: Path, profile: Path, results: Path, cgroup: Path | None = None) -> dict:
+    """One run of the bandwidth cells (the scratch file kept between runs), in `cgroup`."""
     cmd = [sys.executable, "-m", "qual.cli", "run", "--target", str(point), "--profile",
            str(profile), "--results", str(results), "-k", "test_cell", "--qual-keep-scratch",
            "-q"]
@@ -74,7 +80,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pairs", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--runtime", default="0.3s")
+    p.add_argument("--runtime", default="0.5s")
     args = p.parse_args()
     if os.geteuid() != 0 or not (BLKIO / "blkio.throttle.read_bps_device").exists():
         sys.exit("needs root and cgroup v1's blkio controller")
@@ -83,24 +89,24 @@ def main() -> int:
     profile.write_text(PROFILE.format(repeats=args.repeats, runtime=args.runtime))
     cgroup = BLKIO / f"qual-gate-{os.getpid()}"
     with ram_stand_in(1 << 30) as (point, dev):
-        runs = [work / f"aa{i}" for i in range(2 * args.pairs)]
-        records = [run(point, profile, r) for r in runs]
-        aa = [compare(runs[2 * i] / "qual-run.json", runs[2 * i + 1] / "qual-run.json")
-              for i in range(args.pairs)]
         read = "seq_read_bw[bs=1M,qd=8]"
-        reads = sorted(median_of(r, read) for r in records)
+        first = [run(point, profile, work / f"calibrate{i}") for i in range(5)]
+        reads = sorted(median_of(r, read) for r in first)
         bps = int(0.75 * reads[len(reads) // 2])
         major, minor = os.major(os.stat(dev).st_rdev), os.minor(os.stat(dev).st_rdev)
         cgroup.mkdir()
+        aa, planted = [], []
         try:
             (cgroup / "blkio.throttle.read_bps_device").write_text(f"{major}:{minor} {bps}")
             (cgroup / "blkio.throttle.read_iops_device").write_text(
                 f"{major}:{minor} {max(1, bps >> 20)}")
-            planted = []
             for i in range(args.pairs):
-                slow = work / f"slow{i}"
-                run(point, profile, slow, cgroup)
-                planted.append(compare(runs[2 * i] / "qual-run.json", slow / "qual-run.json"))
+                a_, b_, t_ = (work / f"{k}{i}" for k in "abt")
+                run(point, profile, a_)
+                run(point, profile, b_)
+                run(point, profile, t_, cgroup)
+                aa.append(compare(a_ / "qual-run.json", b_ / "qual-run.json"))
+                planted.append(compare(b_ / "qual-run.json", t_ / "qual-run.json"))
         finally:
             cgroup.rmdir()
     print(f"stand-in {dev}; {args.pairs} pairs; {args.repeats} repetitions a run; tolerance 10 %")
