@@ -45,6 +45,7 @@ class PlannedTest:
     estimate_s: float
     space: int  # the most room it needs on the target at once
     estimate_max_s: float  # the most it may take (a steady-state test at its round limit)
+    model_s: float  # the estimate before the last run's scaling (what the next run scales)
 
 
 @dataclass
@@ -115,23 +116,29 @@ def plan_lines(plan: dict) -> list[str]:
 
 
 def calibration(previous: dict | None, spec: str) -> tuple[dict[str, float], str]:
-    """Per family, how much longer than planned the last run on this host and target took (its
-    measured durations over its plan's estimates), and where that came from."""
+    """How much longer than its model the last run on this host and target took: per test
+    (its measured seconds over its model estimate) and per family (the median test's ratio,
+    for tests the last run did not make: one slow steady state moves nothing), keyed by test
+    id and by family name; and where that came from."""
     if not previous or previous.get("host", {}).get("hostname") != socket.gethostname() or \
             (previous.get("plan") or {}).get("target") != spec:
         return {}, "model"
     planned = {t["id"]: t for t in (previous.get("plan") or {}).get("tests", ())}
-    ratios: dict[str, list[tuple[float, float]]] = {}
+    lo, hi = CALIBRATION_LIMITS
+    factors: dict[str, float] = {}
+    ratios: dict[str, list[float]] = {}
     for t in previous.get("tests", ()):
         p = planned.get(t["nodeid"])
-        if p and p["estimate_s"] >= 0.5 and t["outcome"] in ("passed", "failed"):
-            ratios.setdefault(p["family"], []).append((t["duration_s"], p["estimate_s"]))
-    lo, hi = CALIBRATION_LIMITS  # the median test's ratio: one slow steady state moves nothing
-    factors = {f: min(hi, max(lo, median([d / e for d, e in r]))) for f, r in ratios.items()}
-    if not factors:
+        model = p and p.get("model_s", p["estimate_s"])
+        if model and model >= 0.5 and t["outcome"] in ("passed", "failed"):
+            factors[t["nodeid"]] = min(hi, max(lo, t["duration_s"] / model))
+            ratios.setdefault(p["family"], []).append(factors[t["nodeid"]])
+    families = {f: median(r) for f, r in ratios.items()}
+    if not families:
         return {}, "model"
-    shown = ", ".join(f"{f} x{v:.2f}" for f, v in sorted(factors.items()))
-    return factors, f"model, scaled by the last run on this host: {shown}"
+    shown = ", ".join(f"{f} x{v:.2f}" for f, v in sorted(families.items()))
+    return {**families, **factors}, ("model, scaled test by test by the last run on this host "
+                                     f"(families: {shown})")
 
 
 def make_plan(selected: list[Selected], target: Target, profile, families: dict, *,
@@ -185,9 +192,9 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
                 seconds += fill / rates.write_bw
                 longest += fill / rates.write_bw
                 filled = w.space
-        factor = factors.get(s.family, 1.0)
+        factor = factors.get(s.id, factors.get(s.family, 1.0))
         tests.append(PlannedTest(s.id, s.family, where, written, read, seconds * factor, space,
-                                 max(seconds, longest) * factor))
+                                 max(seconds * factor, longest), seconds))
     refusals = _space_refusals(short, profile)
     if keep and needs_fs:
         total = sum(t.space for t in tests if t.where == "filesystem")
