@@ -403,8 +403,9 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     if args.plan:
         return _plan(argv + extra, args.json)
     if args.json:
-        raise QualError(errno.EINVAL, "--json goes with --plan (the run's record is "
-                                      f"{results / RECORD_NAME})")
+        print(f"qual run: error: --json goes with --plan (the run's record is "
+              f"{results / RECORD_NAME})", file=sys.stderr)
+        return 4  # bad options, before any I/O (pytest's usage error)
     if _distributed(extra):  # the plan, and its refusals, before any worker starts
         code, doc, said = _collect_plan(argv + extra)
         if code != 0:
