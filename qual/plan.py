@@ -7,6 +7,7 @@ the last run on the same host."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 from dataclasses import asdict, dataclass, field, replace
@@ -202,6 +203,8 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
             refusals.append(f"--qual-keep-scratch keeps every file family's data: "
                             f"{format_size(total)} together, more than the "
                             f"{format_size(rooms.fs_room)} qual's filesystem offers")
+    if needs_fs and filesystem:
+        refusals += _filesystem_refusals(filesystem["type"])
     if block and (needs_fs or any(s.destructive for s in chosen)):
         for r in guard_refusals(str(target.path), target.identity,
                                 allow_destructive=target.allow_destructive,
@@ -210,6 +213,23 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
     return Plan(target.spec, target.kind, profile.name, tests, refusals,
                 filesystem if needs_fs else None,
                 {k: v for k, v in asdict(rates).items() if k != "room"}, basis, fitted)
+
+
+MKFS_PACKAGES = {"ext4": "e2fsprogs", "xfs": "xfsprogs"}
+
+
+def _filesystem_refusals(kind: str) -> list[str]:
+    """What qual needs to make and mount its filesystem: the mkfs tool, and root (a private
+    mount namespace, mount itself)."""
+    out = []
+    if shutil.which(f"mkfs.{kind}") is None:
+        out.append(f"qual's {kind} filesystem for the file families needs mkfs.{kind} "
+                   f"(Debian: apt-get install {MKFS_PACKAGES[kind]})")
+    if os.geteuid() != 0:
+        out.append("qual's filesystem for the file families is made and mounted as root "
+                   "(mkfs, a private mount namespace): run as root, or qualify a directory on "
+                   "the drive")
+    return out
 
 
 class _Rooms:

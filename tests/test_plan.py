@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,6 +130,22 @@ def test_a_small_raw_namespace_is_refused_before_any_io(tmp_path, ram_device):
     for family in ("integrity", "PTS", "checkpoint", "IGBH", "dataset"):
         assert family in said
     assert sha256_of(dev) == before
+
+
+@needs_root
+def test_the_profile_chooses_qual_s_filesystem_and_its_tool_is_checked_first(tmp_path,
+                                                                            ram_device):
+    dev = ram_device(CI_DEVICE)
+    profile = tmp_path / "xfs.toml"
+    profile.write_text('[profile]\nextends = "ci"\ndescription = "ci on xfs"\n'
+                       'filesystem = "xfs"\nfilesystem_options = ["-K"]\n')
+    proc = qual("run", "--target", dev, "--profile", str(profile), "--qual-allow-destructive",
+                "--qual-confirm-serial", serial_of(dev), "--plan", "--json", cwd=tmp_path)
+    plan = json.loads(proc.stdout)
+    assert plan["filesystem"] == {"type": "xfs", "options": ["-K"]}
+    missing = [r for r in plan["refusals"] if "needs mkfs.xfs" in r]
+    assert bool(missing) == (shutil.which("mkfs.xfs") is None)
+    assert proc.returncode == (4 if missing else 0)
 
 
 @needs_root
