@@ -65,11 +65,19 @@ def drive_name(record: dict) -> str:
     return drive_label(record["target"].get("identity"), record["target"]["spec"])
 
 
+VERDICT_ORDER = ("FAIL", "ERROR", "INCOMPLETE", "PASS")  # the worst of several runs leads
+
+
 def report_name(records: list[dict]) -> str:
+    """The report's title, on its first screen: the verdict (the worst of the runs'), the
+    drive and the profile."""
     drives = sorted({drive_name(r) for r in records})
     profiles = sorted({r["profile"]["name"] for r in records})
     shown = drives[0] if len(drives) == 1 else f"{len(drives)} drives ({', '.join(drives)})"
-    return f"Qualification: {shown} / {', '.join(profiles)}"
+    verdicts = [r.get("summary", {}).get("verdict") for r in records]
+    worst = min((v for v in verdicts if v in VERDICT_ORDER), key=VERDICT_ORDER.index,
+                default=None)
+    return f"{worst + ': ' if worst else ''}Qualification: {shown} / {', '.join(profiles)}"
 
 
 def write_allure_metadata(alluredir: Path, records: list[dict]) -> None:

@@ -235,7 +235,7 @@ needs_allure = pytest.mark.skipif(report.allure_command() is None,
 
 @needs_allure
 def test_report_builds_and_a_browser_shows_the_summary(tiny_run, tmp_path):
-    _, results, _ = tiny_run
+    _, results, record = tiny_run
     out = tmp_path / "report"
     proc = qual("report", str(results), "--out", str(out),
                 "--history", str(tmp_path / "history.jsonl"))
@@ -260,6 +260,12 @@ def test_report_builds_and_a_browser_shows_the_summary(tiny_run, tmp_path):
     with _serve(index.parent) as base:
         chrome = Chromium(browser)
         try:
+            landing = chrome.open(f"{base}/index.html")
+            deadline = time.monotonic() + 60
+            first = ""
+            while "Qualification: " not in first and time.monotonic() < deadline:
+                time.sleep(0.5)
+                first = chrome.evaluate(landing, "document.body.innerText") or ""
             session = chrome.open(f"{base}/{page}")
             deadline = time.monotonic() + 60
             while "seq_read_bw[bs=64K,qd=4]" not in shown and time.monotonic() < deadline:
@@ -270,6 +276,8 @@ def test_report_builds_and_a_browser_shows_the_summary(tiny_run, tmp_path):
             (ARTIFACTS / "report-summary.png").write_bytes(chrome.screenshot(session))
         finally:
             chrome.close()
+    # the first screen: the verdict, the drive and the profile in the report's title
+    assert f"PASS: Qualification: {report.drive_name(record)} / tiny" in first, first[:2000]
     assert "Qualification summary: " in shown and "seq_read_bw[bs=64K,qd=4]" in shown, shown
     assert "tiny.toml: tests: any working disk" in shown  # the source of the bound
 
