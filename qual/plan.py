@@ -198,7 +198,11 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
                                  max(seconds * factor, longest), seconds))
     refusals = _space_refusals(short, profile)
     if keep and needs_fs:
-        total = sum(t.space for t in tests if t.where == "filesystem")
+        most: dict[str, int] = {}  # a family's tests share its data: its largest need counts
+        for t in tests:
+            if t.where == "filesystem":
+                most[t.family] = max(most.get(t.family, 0), t.space)
+        total = sum(most.values())
         if rooms.fs_room is not None and total > rooms.fs_room:
             refusals.append(f"--qual-keep-scratch keeps every file family's data: "
                             f"{format_size(total)} together, more than the "
