@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from qual.plan import calibration
 from testbed import IS_ROOT, TINY_PROFILE, needs_root, sh, sha256_of
 
 CI_DEVICE = 2 << 30  # a blank RAM-backed namespace large enough for the ci profile
@@ -146,6 +148,51 @@ def test_the_profile_chooses_qual_s_filesystem_and_its_tool_is_checked_first(tmp
     missing = [r for r in plan["refusals"] if "needs mkfs.xfs" in r]
     assert bool(missing) == (shutil.which("mkfs.xfs") is None)
     assert proc.returncode == (4 if missing else 0)
+
+
+@needs_root
+def test_kept_data_adds_up_family_by_family(tmp_path, ram_device):
+    """On 1.25 GiB, qual's filesystem offers about 1.23 GB: each ci file family fits alone (the
+    GNN's 0.9 GB the most), all three kept to the end (1.27 GB) do not."""
+    dev = ram_device(int(1.25 * 2**30))
+    args = ["run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
+            serial_of(dev), "--plan", "--json"]
+    alone = json.loads(qual(*args, cwd=tmp_path).stdout)
+    assert alone["refusals"] == []
+    kept = json.loads(qual(*args, "--qual-keep-scratch", cwd=tmp_path).stdout)
+    (why,) = kept["refusals"]
+    assert why.startswith("--qual-keep-scratch keeps every file family's data")
+    roomy = ram_device(CI_DEVICE)  # 1.88 GB: the three families' 1.27 GB fit, kept or not
+    args[2], args[5] = roomy, serial_of(roomy)
+    assert json.loads(qual(*args, "--qual-keep-scratch", cwd=tmp_path).stdout)["refusals"] == []
+
+
+@needs_root
+def test_qual_run_with_workers_plans_first_and_is_refused_once(tmp_path, ram_device):
+    dev = ram_device(CI_DEVICE)
+    proc = qual("run", "--target", dev, "--qual-allow-destructive", "-n", "2", cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 4, said[-3000:]
+    assert said.count("guard: serial:") == 1 and "Traceback" not in said
+    assert not (tmp_path / "qual-results" / "qual-run.json").exists()  # no worker started
+
+
+def test_the_last_run_scales_each_test_s_estimate_by_its_own_ratio():
+    previous = {"host": {"hostname": socket.gethostname()},
+                "plan": {"target": "drive", "tests": [
+                    {"id": "a", "family": "pts", "estimate_s": 9.0, "model_s": 2.0},
+                    {"id": "b", "family": "pts", "estimate_s": 4.0, "model_s": 4.0},
+                    {"id": "c", "family": "pts", "estimate_s": 1.0, "model_s": 1.0}]},
+                "tests": [{"nodeid": "a", "duration_s": 8.0, "outcome": "passed"},
+                          {"nodeid": "b", "duration_s": 2.0, "outcome": "passed"},
+                          {"nodeid": "c", "duration_s": 1.5, "outcome": "skipped"}]}
+    factors, basis = calibration(previous, "drive")
+    assert factors["a"] == 4.0  # against its model, not its already-scaled estimate
+    assert factors["b"] == 0.5 and "c" not in factors  # a skipped test measured nothing
+    assert factors["pts"] == pytest.approx(2.25)  # the family's median, for tests not run
+    assert "scaled test by test" in basis
+    assert calibration(previous, "another drive") == ({}, "model")
+    assert calibration({**previous, "host": {"hostname": "elsewhere"}}, "drive")[0] == {}
 
 
 @needs_root

@@ -26,8 +26,7 @@ RECORDER_KEY = pytest.StashKey["Recorder"]()
 
 def _family_of(node) -> str | None:
     """The workload family a suite is marked with."""
-    families = qual_session(node.config).families
-    return next((m.name for m in node.iter_markers() if m.name in families), None)
+    return qual_session(node.config).family_of(node)
 
 
 def pytest_addoption(parser):
@@ -207,7 +206,8 @@ def pytest_runtest_makereport(item, call):
     if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
         session = qual_session(item.config)
         spec = session.spec_of(item)
-        extra = [(QUAL_TEST, True), (DRIVE, spec), (WHERE, session.where(spec, _family_of(item)))]
+        extra = [(QUAL_TEST, True), (DRIVE, spec),
+                 (WHERE, session.where(spec, session.family_of(item)))]
         if rep.failed:
             exc = call.excinfo
             judged = rep.when == "call" and exc is not None and \

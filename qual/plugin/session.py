@@ -164,7 +164,7 @@ class QualSession:
             raw.check_guard()
             raw.release_claim()  # mkfs, then the mount, hold the device exclusively
             fs = QualFilesystem(str(raw.path), self.profile.filesystem,
-                                                  self.profile.filesystem_options)
+                                self.profile.filesystem_options)
             self._filesystems[spec] = fs
             self.progress(f"making qual's {fs.kind} filesystem on {spec} for the file families")
             t = Target(fs.make())
@@ -245,8 +245,9 @@ class QualSession:
         if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.spec_of(item)}"))
 
-    def family_of(self, item) -> str | None:
-        return next((m.name for m in item.iter_markers() if m.name in self.families), None)
+    def family_of(self, node) -> str | None:
+        """The workload family a suite (or one of its tests) is marked with."""
+        return next((m.name for m in node.iter_markers() if m.name in self.families), None)
 
     def pytest_collection_modifyitems(self, session, config, items):
         """On a raw namespace the raw suites run first, then the file families' suites on the
