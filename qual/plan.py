@@ -12,7 +12,7 @@ import shutil
 import socket
 from dataclasses import asdict, dataclass, field, replace
 
-from qual.family import Rates, Work
+from qual.family import Rates
 from qual.stats import median
 from qual.target import SPACE_RESERVE, Target, guard_refusals, scratch
 from qual.target.filesystem import usable_room

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from qual.plan import calibration
-from testbed import IS_ROOT, TINY_PROFILE, needs_root, sh, sha256_of
+from testbed import TINY_PROFILE, needs_root, sh, sha256_of
 
 CI_DEVICE = 2 << 30  # a blank RAM-backed namespace large enough for the ci profile
 
