@@ -109,8 +109,10 @@ class Work:
     module's workload run): it runs once, in the first selected test that needs it. `longest`:
     the most seconds it may take where that is known and more than `seconds` (a test in rounds
     until steady state: `seconds` at its window, `longest` at its round limit). `repeated`: the
-    test's own measuring, done again in each repetition of it (the profile's `repeats`), where
-    other work (a region's preconditioning) is done once."""
+    measuring, done again in each repetition (the profile's `repeats`) where other work (a
+    region's preconditioning, a dataset) is done once: once per test where the suite repeats
+    its tests (test ids ending -rN), `repeats` times in the one test that runs a suite's
+    shared outcome."""
 
     key: str
     seconds: float

@@ -33,7 +33,7 @@ class Selected:
     test: str
     param: object = None
     destructive: bool = False
-    repetition: int = 1
+    repetition: int | None = None  # r of a test the suite repeats (its id ends -rN)
 
 
 @dataclass
@@ -144,12 +144,14 @@ def calibration(previous: dict | None, spec: str) -> tuple[dict[str, float], str
 
 def make_plan(selected: list[Selected], target: Target, profile, families: dict, *,
               filesystem: dict | None = None, keep: bool = False, fit: bool = False,
-              previous: dict | None = None, rates: Rates | None = None) -> Plan:
+              previous: dict | None = None, rates: Rates | None = None,
+              repeats: int = 1) -> Plan:
     """The plan of `selected` on `target`: `filesystem` is what qual makes on a raw namespace
     for the file families ({"type", "options"}); `keep`: what the families make stays to the
     end (--qual-keep-scratch), so their room adds up; `fit`: a family whose tests need more
     room than the target offers is scaled down to fit (--qual-fit), and says so; `previous`:
-    the last run record in the results folder, whose durations refine the estimates."""
+    the last run record in the results folder, whose durations refine the estimates; `repeats`:
+    how many times each figure is measured."""
     rates = rates or Rates()
     factors, basis = calibration(previous, target.spec)
     chosen = [s for s in selected if s.family in families and profile.table(s.family)]
@@ -180,13 +182,14 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
                 if room is not None and w.space > room:
                     short.setdefault((s.family, w.what, w.space, rooms.offer(family)),
                                      []).append(s.id)
-            key = (w.key, s.repetition if w.repeated else 0)
+            key = (w.key, s.repetition or 0 if w.repeated else 0)
             if key in done:
                 continue
             done.add(key)
-            written, read = written + w.bytes_written, read + w.bytes_read
-            seconds += w.seconds
-            longest += w.seconds if w.longest is None else w.longest
+            times = repeats if w.repeated and s.repetition is None else 1
+            written, read = written + times * w.bytes_written, read + times * w.bytes_read
+            seconds += times * w.seconds
+            longest += times * (w.seconds if w.longest is None else w.longest)
             if where == "file" and not family.filesystem and w.space > filled:
                 fill = w.space - filled  # the scratch file, written once before it is read
                 written += fill

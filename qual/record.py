@@ -66,6 +66,38 @@ def measure(family: str, metric: Metric, params: dict, value: float, *,
                        resolved=resolved, comparable=resolved and comparable)
 
 
+def with_repetitions(m: Measurement, values: list[float],
+                     own: list | None = None) -> Measurement:
+    """m as the figure of its repetitions `values` (docs/ARCHITECTURE.md §5): the median, with
+    every repetition and the median's order-statistics interval in its context. A figure with
+    an interval of its own in each repetition (an accuracy's, over its validation batches)
+    keeps the widest: from the lowest repetition's low to the highest one's high."""
+    ci = stats.median_interval(values)
+    interval = [ci.low, ci.high] if len(values) > 1 else None
+    confidence = ci.confidence
+    if own and all(own) and len(values) > 1:
+        interval = [min(i[0] for i in own), max(i[1] for i in own)]
+        confidence = m.context.get("confidence", confidence)
+    m.context.update(repetitions=list(values), single=values[-1], interval=interval,
+                     interval_confidence=confidence)
+    m.value = ci.value
+    return m
+
+
+def repeated(runs: list[list[Measurement]]) -> list[Measurement]:
+    """The measurements of several whole repetitions of a family's run as one set: each the
+    median of its repetitions (the last repetition's context, plus them all)."""
+    if len(runs) == 1:
+        return runs[0]
+    by_id: dict[str, list[Measurement]] = {}
+    for run in runs:
+        for m in run:
+            by_id.setdefault(m.id, []).append(m)
+    return [with_repetitions(ms[-1], [m.value for m in ms],
+                             [m.context.get("interval") for m in ms])
+            for ms in by_id.values()]
+
+
 # ------------------------------------------------------------------ baseline gating
 
 
@@ -339,13 +371,18 @@ def new_record(*, target: dict, profile: dict, engine: dict) -> dict:
 def summarize(tests: list[dict], profile) -> dict:
     """Counts and the run's verdict: FAIL (a check failed), ERROR (a test could not measure),
     INCOMPLETE (a criterion of the profile was not judged: not measured, or UNVERIFIED for
-    want of device truth), else PASS."""
+    want of device truth), INCONCLUSIVE (a criterion failed on its median but its interval holds
+    the bound, where the profile says that decides nothing; or a baseline comparison the noise
+    cannot decide), else PASS."""
     verdicts = [v for t in tests for v in t.get("verdicts", [])]
     regressions = [r for t in tests for r in t.get("regressions", [])]
     measurements = [m for t in tests for m in t.get("measurements", []) if _final(m)]
     judged = {v["id"] for v in verdicts}
     not_judged = [c.id for c in profile.criteria if c.id not in judged]
-    failed = sum(not v["passed"] for v in verdicts) + sum(not r["passed"] for r in regressions)
+    unsure = [v["line"] for v in verdicts if v.get("inconclusive")] + \
+        [r["line"] for r in regressions if r.get("inconclusive")]
+    failed = sum(not v["passed"] and not v.get("inconclusive") for v in verdicts) + \
+        sum(not r["passed"] for r in regressions)
     broken = sum(t["outcome"] == "broken" for t in tests)
     failed_tests = sum(t["outcome"] == "failed" for t in tests)
     if failed or failed_tests:
@@ -354,6 +391,8 @@ def summarize(tests: list[dict], profile) -> dict:
         verdict = "ERROR"
     elif not_judged:
         verdict = "INCOMPLETE"
+    elif unsure:
+        verdict = "INCONCLUSIVE"
     else:
         verdict = "PASS"
     return {
@@ -367,7 +406,7 @@ def summarize(tests: list[dict], profile) -> dict:
         "checks_passed": sum(v["passed"] for v in verdicts) + sum(r["passed"] for r in regressions),
         "checks_failed": failed,
         "improved": [r["id"] for r in regressions if r["improved"]],
-        "inconclusive": [r["line"] for r in regressions if r.get("inconclusive")],
+        "inconclusive": unsure,
         "not_judged": not_judged,
         "caveats": sorted({c for v in verdicts for c in v.get("caveats", ())}),
         "unverified": [u for t in tests for u in t.get("unverified", [])],

@@ -7,18 +7,21 @@ import allure
 import pytest
 
 from qual.workloads import checkpoint
+from qual.workloads.base import Repeated
 
 pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive,
               pytest.mark.usefixtures("drive_health")]
 
 
 @pytest.fixture(scope="module")
-def outcome(table, target, request, progress):
+def outcome(table, target, request, progress, repeats):
+    """The profile's procedure, `repeats` times over: each figure the median."""
     if target.directory is None:
         pytest.skip("checkpoints need a filesystem: qualify a directory on the drive")
     try:
-        yield checkpoint.run(target, table, seed=request.config.option.qual_seed,
-                             progress=progress)
+        yield Repeated.run(lambda: checkpoint.run(target, table,
+                                                  seed=request.config.option.qual_seed,
+                                                  progress=progress), repeats, progress)
     finally:
         if not request.config.option.qual_keep_scratch:
             checkpoint.remove(target)
@@ -34,14 +37,14 @@ def test_mlperf_v2(outcome, table, target, record):
     """Per run: the writes, the page cache cleared, every checkpoint read back from the device
     and verified; MLPerf's figures (slowest rank) per run and over the runs."""
     _procedure(table, "mlperf-v2")
-    record.add(checkpoint.mlperf_measurements(outcome, str(target.path)))
+    record.add(outcome.each(checkpoint.mlperf_measurements, str(target.path)))
 
 
 @allure.feature("checkpoint passes")
 def test_passes(outcome, table, target, record):
     """Mean seconds per checkpoint in every pass, and each checkpoint's own seconds."""
     _procedure(table, "passes")
-    record.add(checkpoint.pass_measurements(outcome, str(target.path)))
+    record.add(outcome.each(checkpoint.pass_measurements, str(target.path)))
     record.attach("seconds per checkpoint", outcome.charts()["seconds per checkpoint"])
 
 
@@ -51,7 +54,7 @@ def test_restore(outcome, table, target, record):
     _procedure(table, "passes")
     if not table["restore"]:
         pytest.skip("the profile does not restore")
-    record.add(checkpoint.restore_measurements(outcome, str(target.path)))
+    record.add(outcome.each(checkpoint.restore_measurements, str(target.path)))
 
 
 @allure.feature("torch baseline")
@@ -60,7 +63,7 @@ def test_torch_baseline(outcome, table, target, record):
     _procedure(table, "passes")
     if not table["baseline"]:
         pytest.skip("the profile has no torch baseline")
-    record.add(checkpoint.baseline_measurements(outcome, str(target.path)))
+    record.add(outcome.each(checkpoint.baseline_measurements, str(target.path)))
 
 
 @allure.feature("drive health")

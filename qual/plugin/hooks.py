@@ -161,6 +161,13 @@ def repetition() -> tuple[int, int]:
     return (1, 1)
 
 
+@pytest.fixture(scope="session")
+def repeats(request) -> int:
+    """How many times a suite measures each judged figure (the profile's `repeats`, or
+    --qual-repeats)."""
+    return qual_session(request.config).repeats
+
+
 @pytest.fixture
 def record(request) -> Recorder:
     """Where a test puts its measurements; the plugin judges them when the test returns."""

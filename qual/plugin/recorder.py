@@ -13,8 +13,7 @@ import pytest
 
 from qual import thresholds
 from qual.judge import judge
-from qual.record import Baseline, Measurement
-from qual.stats import median_interval
+from qual.record import Baseline, Measurement, with_repetitions
 from qual.workloads.base import Outcome
 
 PAYLOAD = "qual"  # key of report.user_properties that carries a test's measurements and verdicts
@@ -62,13 +61,8 @@ class Recorder:
         if r < n:
             return []
         for m in self.measurements:
-            values = [e.value for e in self._earlier if e.id == m.id and e is not m and
-                      e.context.get("repetition", [0, 0])[1] == n] + [m.value]
-            ci = median_interval(values)
-            m.context.update(repetitions=values, single=m.value,
-                             interval=[ci.low, ci.high] if len(values) > 1 else None,
-                             interval_confidence=ci.confidence)
-            m.value = ci.value
+            with_repetitions(m, [e.value for e in self._earlier if e.id == m.id and e is not m
+                                 and e.context.get("repetition", [0, 0])[1] == n] + [m.value])
         return self.measurements
 
     @property
@@ -100,8 +94,8 @@ class Recorder:
         payload = {"measurements": [m.as_dict() for m in self.measurements], **verdict.as_dict()}
         self.item.user_properties.append((PAYLOAD, payload))
 
-        for metric in sorted({m.metric for m in self.measurements}):
-            allure.dynamic.story(metric)
+        if self.measurements:  # one story, so the report's tree lists the test once
+            allure.dynamic.story(", ".join(sorted({m.metric for m in self.measurements})))
         order = thresholds.SEVERITIES
         allure.dynamic.severity(min(verdict.severities, key=order.index)
                                 if verdict.severities else "minor")

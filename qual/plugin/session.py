@@ -19,7 +19,7 @@ from qual import engine, report, thresholds
 from qual.engine import QualError
 from qual.plan import Plan, Selected, make_plan
 from qual.target.filesystem import OPTIONS as MKFS_OPTIONS, QualFilesystem, private_mounts
-from qual.judge import EXIT_INCOMPLETE
+from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
 from qual.record import RECORD_NAME, Baseline, Measurement, drive_model, new_record, summarize, write_record
 from qual.target import DEFAULT_TARGET, Target, drive_label
@@ -272,7 +272,7 @@ class QualSession:
             params = {k: v for k, v in getattr(item, "callspec", None).params.items()
                       if k != "target"} if hasattr(item, "callspec") else {}
             repetition = params.pop("repetition", None)
-            repetition = repetition[0] if isinstance(repetition, tuple) else 1
+            repetition = repetition[0] if isinstance(repetition, tuple) else None
             selected[self.spec_of(item)].append(Selected(
                 item.nodeid, family or "", item.originalname, next(iter(params.values()), None),
                 item.get_closest_marker("destructive") is not None, repetition))
@@ -319,7 +319,8 @@ class QualSession:
                               or MKFS_OPTIONS[self.profile.filesystem])}
         plan = make_plan(selected, target, self.profile, self.families, filesystem=fs,
                          keep=self.config.option.qual_keep_scratch, previous=previous,
-                         fit=self.config.option.qual_fit or self.profile.fit)
+                         fit=self.config.option.qual_fit or self.profile.fit,
+                         repeats=self.repeats)
         for name, fit in plan.fitted.items():  # the run measures what the plan fitted
             self.profile.tables[name].update(fit["changes"])
             self.caveats.setdefault(spec, {})[name] = fit["caveat"]
@@ -388,13 +389,15 @@ class QualSession:
             write_record(path, record)
             self.records[spec] = (path, record)
             if alluredir:
-                report.write_summary_result(Path(alluredir), record, self.profile,
-                                            drive=self.drive_label_of(record, spec))
+                report.write_summary_globals(Path(alluredir), record,
+                                             drive=self.drive_label_of(record, spec))
         if alluredir and self.records:
             report.write_allure_metadata(Path(alluredir), [r for _, r in self.records.values()])
         verdicts = {r["summary"]["verdict"] for _, r in self.records.values()}
         if session.exitstatus == 0 and "INCOMPLETE" in verdicts:
             session.exitstatus = EXIT_INCOMPLETE  # every test passed, yet a criterion was not judged
+        elif session.exitstatus == 0 and "INCONCLUSIVE" in verdicts:
+            session.exitstatus = EXIT_INCONCLUSIVE  # a criterion's noise held its bound
 
     def drive_label_of(self, record: dict, spec: str) -> str:
         return drive_label(record["target"].get("identity"), spec,
@@ -417,8 +420,9 @@ class QualSession:
                 tr.write_line(f"not judged: {missing}")
             for why in s.get("unverified", ()):
                 tr.write_line(f"UNVERIFIED: {why}", yellow=True)
-            for line in s.get("inconclusive", ()):
-                tr.write_line(f"INCONCLUSIVE against the baseline: {line}", yellow=True)
+            for line in s.get("inconclusive", ()):  # a verdict's line says so itself
+                tr.write_line(line if line.startswith("INCONCLUSIVE") else
+                              f"INCONCLUSIVE against the baseline: {line}", yellow=True)
             for caveat in s.get("caveats", ()):
                 tr.write_line(f"CAVEAT: {caveat}", yellow=True)
             tr.write_line(f"verdict: {s['verdict']}    run record: {path}",

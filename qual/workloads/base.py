@@ -14,7 +14,7 @@ from typing import Protocol
 
 from qual import units
 from qual.family import Field, Metric, Rates, Work
-from qual.record import Measurement
+from qual.record import Measurement, repeated
 
 
 FIT_MARGIN = 0.95  # a dataset scaled to fit (--qual-fit) leaves this share of the room used
@@ -71,6 +71,51 @@ class ResultOutcome(Outcome, dict):
     def __init__(self, result: dict, *, target):
         dict.__init__(self, result)
         self.target = target
+
+
+class Repeated(Outcome):
+    """A family's whole run repeated (docs/ARCHITECTURE.md §5): every repetition runs all of
+    the family's cells (loaders, accelerator counts, checkpoint writes and reads) before the
+    next starts, so repetitions interleave across them. Its measurements are each the median of
+    the repetitions, with every repetition and the interval in their context; everything else
+    (a result's keys, charts, the document) is the last repetition's."""
+
+    def __init__(self, outcomes: list):
+        if not outcomes:
+            raise ValueError("no repetition ran")
+        self.outcomes = list(outcomes)
+        self.last = self.outcomes[-1]
+
+    @classmethod
+    def run(cls, run: Callable[[], Outcome], repeats: int, progress=None) -> "Repeated":
+        outcomes = []
+        for r in range(1, repeats + 1):
+            if progress and repeats > 1:
+                progress(f"repetition {r} of {repeats}")
+            outcomes.append(run())
+        return cls(outcomes)
+
+    def each(self, measurements: Callable[..., list[Measurement]], *args) -> list[Measurement]:
+        """`measurements(outcome, *args)` of every repetition, as one set of medians."""
+        return repeated([measurements(o, *args) for o in self.outcomes])
+
+    def measurements(self) -> list[Measurement]:
+        return repeated([o.measurements() for o in self.outcomes])
+
+    def document(self) -> dict:
+        return self.last.document()
+
+    def charts(self) -> dict[str, bytes]:
+        return self.last.charts()
+
+    def exit_status(self) -> int:
+        return max(o.exit_status() for o in self.outcomes)
+
+    def __getitem__(self, key):
+        return self.last[key]
+
+    def get(self, key, default=None):
+        return self.last.get(key, default)
 
 
 @dataclass(frozen=True)

@@ -675,7 +675,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
             read += torch_bytes * processes
     start = RANK_START_CPU_S * rates.cpu * processes / min(processes, os.cpu_count() or 1)
     return [Work("checkpoint run", start + written / rates.write_bw + read / rates.read_bw,
-                 bytes_written=written, bytes_read=read, space=per_pass * one,
+                 bytes_written=written, bytes_read=read, space=per_pass * one, repeated=True,
                  what=f"{per_pass} checkpoint(s) of {format_size(one)} ({table['model']}, "
                       f"{processes} rank(s))")]
 

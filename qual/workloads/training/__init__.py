@@ -410,14 +410,14 @@ RUN_TESTS = ("test_utilisation", "test_throughput", "test_accelerators_per_drive
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
-    """The suite's tests share one sweep (its module's `outcome`): the dataset written, then
-    per accelerator count a calibration epoch without storage and each epochs value, every
+    """The suite's tests share one sweep (its module's `outcome`, run `repeats` times over the
+    dataset written once): per accelerator count a calibration epoch without storage and each epochs value, every
     epoch as long as its compute or its reads, whichever is longer."""
     if test not in RUN_TESTS:
         return []
     w = workload_of(table)
     data = w.files * w.file_bytes
-    seconds, read = data / rates.write_bw, 0
+    seconds, read = 0.0, 0
     for n in table["accelerators"]:
         steps = configs.steps_per_epoch(w, n)
         compute = steps * w.computation_time
@@ -425,8 +425,9 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
         epoch = max(compute, epoch_bytes / rates.read_bw)
         seconds += compute * bool(table["calibrate"]) + sum(table["epochs"]) * epoch
         read += sum(table["epochs"]) * epoch_bytes
-    return [Work("training run", seconds, bytes_written=data, bytes_read=read, space=data,
-                 what=f"the {w.name} dataset ({w.files} files)")]
+    return [Work("training dataset", data / rates.write_bw, bytes_written=data, space=data,
+                 what=f"the {w.name} dataset ({w.files} files)"),
+            Work("training sweep", seconds, bytes_read=read, repeated=True)]
 
 
 FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
