@@ -4,6 +4,8 @@
 //   QUAL_HISTORY          JSONL history file: trends across runs (firmware versions)
 //   QUAL_SINGLE_FILE      "1": one self-contained HTML file (for an acceptance email)
 //   QUAL_GATE_SEVERITIES  severities whose failed test fails the gate, e.g. "blocker,critical"
+//   QUAL_VARIABLES        JSON object shown first on the landing page: the verdict, the drive,
+//                         each failed or inconclusive criterion (qual.report.front_page)
 // A plain object, not defineConfig() from "allure": that import would not resolve from here
 // when the CLI is installed globally, and defineConfig returns its argument unchanged.
 const env = process.env;
@@ -14,6 +16,7 @@ export default {
   name: env.QUAL_REPORT_NAME || "qual qualification",
   output: env.QUAL_OUTPUT || "allure-report",
   historyPath: env.QUAL_HISTORY || undefined,
+  variables: JSON.parse(env.QUAL_VARIABLES || "{}"),
   plugins: {
     awesome: {
       options: {

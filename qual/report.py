@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import os
 import math
-import time
 import types
 import uuid
 from pathlib import Path
@@ -65,7 +63,8 @@ def drive_name(record: dict) -> str:
     return drive_label(record["target"].get("identity"), record["target"]["spec"])
 
 
-VERDICT_ORDER = ("FAIL", "ERROR", "INCOMPLETE", "PASS")  # the worst of several runs leads
+# the worst of several runs leads
+VERDICT_ORDER = ("FAIL", "ERROR", "INCOMPLETE", "INCONCLUSIVE", "PASS")
 
 
 def report_name(records: list[dict]) -> str:
@@ -156,24 +155,32 @@ ALLURE_MISSING = ("the HTML report needs the Allure 3 command line, the npm pack
                   "`npm install -g allure@3.14` (later versions' quality gate needs Node.js 22)")
 
 
-def allure_command() -> list[str] | None:
-    """The Allure 3 CLI: `allure` on PATH when it is version 3 (Allure 2's Java CLI has the
-    same name), else the npm package through npx without downloading; None when neither."""
+def allure_package() -> Path | None:
+    """The folder of the Allure 3 npm package that `qual report` builds with (through Node.js
+    and allure/build.mjs): the one behind `allure` on PATH, else one npm installed where qual
+    runs (what `npx allure` would use); None without Node.js or Allure 3."""
     import shutil
     import subprocess
 
+    if shutil.which("node") is None:
+        return None
     candidates = []
     if shutil.which("allure"):
-        candidates.append(["allure"])
-    if shutil.which("npx"):
-        candidates.append(["npx", "--no-install", "allure"])
-    for cmd in candidates:
+        candidates.append(Path(shutil.which("allure")).resolve().parent)
+    try:
+        local = subprocess.run(["node", "-p", "require.resolve('allure/package.json')"],
+                               capture_output=True, text=True, timeout=60)
+        if local.returncode == 0:
+            candidates.append(Path(local.stdout.strip()).parent)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for folder in candidates:
         try:
-            out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
+            meta = json.loads((folder / "package.json").read_text())
+        except (OSError, ValueError):
             continue
-        if out.returncode == 0 and out.stdout.strip().startswith("3."):
-            return cmd
+        if meta.get("name") == "allure" and str(meta.get("version", "")).startswith("3."):
+            return folder
     return None
 
 
@@ -200,7 +207,6 @@ def find_results(folder: Path) -> tuple[list[Path], list[dict]]:
 # ------------------------------------------------------------------ the qualification summary
 
 SUMMARY_HEADER = ("criterion", "measured", "bound", "margin", "verdict", "source")
-SUMMARY_STATUS = {"PASS": "passed", "FAIL": "failed", "ERROR": "broken", "INCOMPLETE": "broken"}
 
 
 def summary_rows(record: dict) -> dict[str, list[tuple[str, ...]]]:
@@ -214,14 +220,16 @@ def summary_rows(record: dict) -> dict[str, list[tuple[str, ...]]]:
             tables.setdefault(family.get(v["id"], "other"), []).append((
                 v["id"], units.format_quantity(v["value"], v["unit"]),
                 f"{v['bound']} {units.format_quantity(v['limit'], v['unit'])}", margin,
-                "PASS" if v["passed"] else "FAIL",
+                "PASS" if v["passed"] else
+                "INCONCLUSIVE" if v.get("inconclusive") else "FAIL",
                 f"{Path(str(v.get('origin', ''))).name.split(':')[0]}: {v['source']}"))
         for r in t.get("regressions", []):
             tables.setdefault(family.get(r["id"], "other"), []).append((
                 r["id"], units.format_quantity(r["value"], dimension=_dimension(t, r["id"])),
                 "baseline " + units.format_quantity(r["baseline"], dimension=_dimension(t, r["id"])),
                 f"{r['change'] * 100:+.1f} %",
-                "REGRESSED" if not r["passed"] else ("IMPROVED" if r["improved"] else "PASS"),
+                "REGRESSED" if not r["passed"] else "IMPROVED" if r["improved"] else
+                "INCONCLUSIVE" if r.get("inconclusive") else "PASS",
                 f"tolerance {r['tolerance'] * 100:g} %"))
     unverified = {u.split(":", 1)[0]: u.split(":", 1)[1].strip()
                   for u in record["summary"].get("unverified", [])}
@@ -341,46 +349,49 @@ def summary_html(record: dict) -> str:
         "</style></head><body>", summary_body(record), "</body></html>"])
 
 
-def write_summary_result(alluredir: Path, record: dict, profile, *, drive: str) -> Path:
-    """An Allure result of its own, "Qualification summary on <drive>", whose status is the
-    run's verdict and whose attachment is the summary page: the first thing a reader opens."""
+def write_summary_globals(alluredir: Path, record: dict, *, drive: str) -> Path:
+    """The summary page (and, gated against a baseline, the before/after chart) as the run's
+    global attachments: the report's "Global Attachments" tab. Not a test result of its own, so
+    Allure's counts are the run record's tests and a failing criterion is listed once."""
     alluredir.mkdir(parents=True, exist_ok=True)
-    s = record["summary"]
-    uid = str(uuid.uuid4())
-    attachment = f"{uid}-attachment.html"
-    (alluredir / attachment).write_text(summary_html(record))
-    failing = [row[0] for rows in summary_rows(record).values() for row in rows
-               if row[4] in ("FAIL", "REGRESSED", "NOT JUDGED")]
-    message = f"verdict {s['verdict']}" + (f": {', '.join(failing[:5])}" if failing else "")
-    # one history line per drive model, target and profile: trends across firmware versions
-    key = f"qual-summary:{(record['target'].get('identity') or {}).get('model')}:" \
-          f"{record['target'].get('spec')}:{profile.name}"
-    now = int(time.time() * 1000)
-    result = {
-        "uuid": uid, "historyId": hashlib.md5(key.encode()).hexdigest(),
-        "testCaseId": hashlib.md5(b"qual-summary").hexdigest(),
-        "fullName": "qual.summary", "name": f"Qualification summary on {drive}",
-        "status": SUMMARY_STATUS[s["verdict"]], "stage": "finished",
-        "statusDetails": {"message": message}, "start": now, "stop": now,
-        "descriptionHtml": summary_body(record),
-        "labels": [{"name": "epic", "value": "qualification summary"},
-                   # below the default gate: the gate judges the criteria's own tests
-                   {"name": "severity", "value": "minor"},
-                   {"name": "suite", "value": "qualification summary"},
-                   {"name": "framework", "value": "qual"}],
-        "parameters": [{"name": "drive", "value": drive}, {"name": "profile", "value": profile.name}],
-        "attachments": [{"name": "qualification summary", "source": attachment,
-                         "type": "text/html"}],
-    }
+    page = f"{uuid.uuid4()}-attachment.html"
+    (alluredir / page).write_text(summary_html(record))
+    attachments = [{"name": f"Qualification summary on {drive}", "source": page,
+                    "type": "text/html"}]
     compared = [r for t in record["tests"] for r in t.get("regressions", [])]
     if compared:  # gated against a baseline: before/after, metric by metric
         chart = f"{uuid.uuid4()}-attachment.png"
         (alluredir / chart).write_bytes(baseline_chart(compared, f"against {record['baseline']}"))
-        result["attachments"].append({"name": "against the baseline", "source": chart,
-                                      "type": "image/png"})
-    path = alluredir / f"{uid}-result.json"
-    path.write_text(json.dumps(result, indent=1))
+        attachments.append({"name": f"{drive} against the baseline", "source": chart,
+                            "type": "image/png"})
+    path = alluredir / f"{uuid.uuid4()}-globals.json"
+    path.write_text(json.dumps({"attachments": attachments, "errors": []}, indent=1))
     return path
+
+
+ATTENTION = ("FAIL", "REGRESSED", "INCONCLUSIVE", "NOT JUDGED", "UNVERIFIED")
+
+
+def front_page(records: list[dict]) -> dict[str, str]:
+    """What the report's landing page shows first (Allure's report variables, in this order):
+    per run the verdict, the drive, the profile, then every criterion that failed, regressed,
+    was inconclusive or was not judged, with measured value, bound, margin and source."""
+    out: dict[str, str] = {}
+    for record in records:
+        mine = f"{drive_name(record)}: " if len(records) > 1 else ""
+        ident = record["target"].get("identity") or {}
+        drive = ", ".join(f"{k} {ident[k]}" for k in ("model", "serial", "firmware")
+                          if ident.get(k)) or record["target"].get("spec")
+        out[f"{mine}verdict"] = record["summary"]["verdict"]
+        out[f"{mine}drive"] = drive
+        out[f"{mine}profile"] = f"{record['profile']['name']} ({record['profile']['digest']})"
+        for rows in summary_rows(record).values():
+            for criterion, measured, bound, margin, verdict, source in rows:
+                if verdict in ATTENTION:  # the page clips long values: the figures first
+                    figures = f"{measured} vs {bound} ({margin})" if measured else ""
+                    out[f"{mine}{verdict}: {criterion}"] = "; ".join(
+                        x for x in (figures, source) if x) or "not measured"
+    return out
 
 
 # ------------------------------------------------------------------ charts

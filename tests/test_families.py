@@ -114,7 +114,7 @@ def test_qual_run_records_and_reports_it(tmp_path):
     assert any(a["name"] == "durable write latency" and a["type"] == "image/png"
                for a in doc["attachments"])
     assert not (tmp_path / "qual-stamp").exists()  # the suite removed what it made
-    if report.allure_command() is None:
+    if report.allure_package() is None:
         pytest.skip("no Allure 3 CLI to build the report (npm install -g allure@3.14)")
     out = tmp_path / "report"
     built = qual("report", str(results), "--out", str(out), cwd=tmp_path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import http.server
 import json
 import shutil
@@ -19,10 +18,13 @@ from pathlib import Path
 import pytest
 from testbed import TINY_ALL, TINY_PROFILE, Chromium, load_record, needs_root, run_suite
 
-from qual import report
+from qual import report, units
 from qual.judge import EXIT_INCOMPLETE
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "qual-results" / "test-artifacts"
+
+needs_allure = pytest.mark.skipif(report.allure_package() is None,
+                                  reason="no Allure 3 CLI (npm install -g allure@3.14)")
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +55,10 @@ def planted(record: dict, metric: str, factor: float, path: Path) -> Path:
     return path
 
 
-def summary_result(results: Path) -> dict:
-    """The run's "Qualification summary" Allure result."""
-    (doc,) = [d for d in (json.loads(p.read_text()) for p in
-                          (results / "allure-results").glob("*-result.json"))
-              if d["fullName"] == "qual.summary"]
-    return doc
+def summary_globals(results: Path) -> dict:
+    """The run's global attachments (the summary page; against a baseline, its chart)."""
+    (path,) = (results / "allure-results").glob("*-globals.json")
+    return json.loads(path.read_text())
 
 
 # ------------------------------------------------------------------ the summary
@@ -73,22 +73,23 @@ def test_terminal_summary_is_a_table_per_family_with_sources(tiny_run):
         assert "PASS" in line and "tiny.toml: " in line
 
 
-def test_allure_summary_result_carries_the_summary_page(tiny_run):
+def test_the_summary_page_is_a_global_attachment_not_a_test(tiny_run):
     _, results, record = tiny_run
     alluredir = results / "allure-results"
-    s = summary_result(results)
-    assert s["status"] == "passed" and s["name"].startswith("Qualification summary on ")
-    page = (alluredir / s["attachments"][0]["source"]).read_text()
-    assert "id='qual-summary'" in page
+    (page,) = summary_globals(results)["attachments"]
+    assert page["name"].startswith("Qualification summary on ") and page["type"] == "text/html"
+    text = (alluredir / page["source"]).read_text()
+    assert "id='qual-summary'" in text
     for v in (v for t in record["tests"] for v in t["verdicts"]):
-        assert v["id"] in page and v["source"] in page
+        assert v["id"] in text and v["source"] in text
+    # Allure's counts are the run record's tests: no result of qual's own among them
+    results_ = [json.loads(p.read_text()) for p in alluredir.glob("*-result.json")]
+    assert len(results_) == len(record["tests"])
     env = (alluredir / "environment.properties").read_text()
     assert "profile=tiny" in env
 
 
-def test_a_failed_run_has_a_failed_summary(tmp_path):
-    profile = tmp_path / "strict.toml"
-    profile.write_text(f'''[profile]
+STRICT = f'''[profile]
 extends = "{TINY_PROFILE}"
 description = "tests: a bound no disk meets"
 
@@ -98,17 +99,36 @@ params = {{ bs = "64K", qd = 4 }}
 min = 1000
 unit = "TiB/s"
 source = "tests: impossible"
-''')
-    proc, results = run_suite(tmp_path, "-k", "seq_read", profile=profile)
-    assert proc.returncode == 1
-    summary = summary_result(results)
-    assert summary["status"] == "failed" and "seq_read_bw[bs=64K,qd=4]" in \
-        summary["statusDetails"]["message"]
-    if report.allure_command() is None:
-        pytest.skip("no Allure 3 CLI to gate the report (npm install -g allure@3.14)")
+'''
+
+
+@pytest.fixture(scope="module")
+def failed_run(tmp_path_factory):
+    """A run whose one criterion no disk meets: its results folder and record."""
+    tmp = tmp_path_factory.mktemp("failed-run")
+    profile = tmp / "strict.toml"
+    profile.write_text(STRICT)
+    proc, results = run_suite(tmp, "-k", "seq_read or latency", profile=profile)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    return results, load_record(results)
+
+
+def test_a_failed_runs_front_page_names_the_criterion(failed_run):
+    _, record = failed_run
+    shown = report.front_page([record])
+    assert list(shown)[:3] == ["verdict", "drive", "profile"] and shown["verdict"] == "FAIL"
+    (key,) = [k for k in shown if "seq_read_bw" in k]
+    assert key == "FAIL: seq_read_bw[bs=64K,qd=4]"
+    assert "vs min 1000 TiB/s (-100.0 %)" in shown[key] and "tests: impossible" in shown[key]
+    assert not any("rand_read_lat" in k for k in shown)  # what passed is not on it
+
+
+@needs_allure
+def test_the_gate_follows_the_profiles_severity(failed_run, tmp_path):
+    results, _ = failed_run
     gated = qual("report", str(results), "--out", str(tmp_path / "report"))
     assert gated.returncode == 1 and "FAILED" in gated.stdout  # a normal criterion failed
-    assert "maxFailures" in gated.stdout
+    assert "qualification/maxFailures" in gated.stdout
     lenient = qual("report", str(results), "--out", str(tmp_path / "report"), "--gate", "critical")
     assert lenient.returncode == 0 and "passed" in lenient.stdout  # not a critical one
 
@@ -221,72 +241,80 @@ def test_the_run_gates_against_its_baseline_and_charts_it(tiny_run, tmp_path):
     better = planted(record, "seq_read_bw", 100.0, tmp_path / "better.json")
     proc, new = run_suite(tmp_path, f"--qual-baseline={better}", "-k", "seq_read")
     assert proc.returncode == 1 and "worse than baseline" in proc.stdout
-    summary = summary_result(new)
-    assert [a["name"] for a in summary["attachments"]] == ["qualification summary",
-                                                            "against the baseline"]
+    names = [a["name"] for a in summary_globals(new)["attachments"]]
+    assert names[0].startswith("Qualification summary on ") and \
+        names[1].endswith(" against the baseline")
 
 
 # ------------------------------------------------------------------ the HTML report
 
 
-needs_allure = pytest.mark.skipif(report.allure_command() is None,
-                                  reason="no Allure 3 CLI (npm install -g allure@3.14)")
-
-
 @needs_allure
-def test_report_builds_and_a_browser_shows_the_summary(tiny_run, tmp_path):
+def test_report_builds_once_into_history_and_as_a_single_file(tiny_run, tmp_path):
     _, results, record = tiny_run
     out = tmp_path / "report"
-    proc = qual("report", str(results), "--out", str(out),
-                "--history", str(tmp_path / "history.jsonl"))
+    history = tmp_path / "history.jsonl"
+    proc = qual("report", str(results), "--out", str(out), "--history", str(history))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "quality gate (no failed test of severity normal or above): passed" in proc.stdout
-    index = _index_of(proc, out)
-    assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 1  # this run
-    again = qual("report", str(results), "--out", str(out),
-                 "--history", str(tmp_path / "history.jsonl"))
+    _index_of(proc, out)
+    assert len(history.read_text().splitlines()) == 1  # this run
+    again = qual("report", str(results), "--out", str(out), "--history", str(history))
     assert again.returncode == 0
-    assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 1  # still one run
+    assert len(history.read_text().splitlines()) == 1  # still one run
     single = qual("report", str(results), "--out", str(tmp_path / "mail"), "--single-file")
     assert single.returncode == 0, single.stdout + single.stderr
     assert not list(_index_of(single, tmp_path / "mail").parent.glob("*.js"))  # all inline
+    shown = _landing(_index_of(proc, out))
+    assert f"PASS: Qualification: {report.drive_name(record)} / tiny" in shown, shown[:2000]
+    assert "Quality Gates 0" in shown  # the gate passed, as qual report said
 
+
+@needs_allure
+def test_a_failed_runs_report_shows_the_verdict_first(failed_run, tmp_path):
+    """The landing page, rendered in a headless Chromium: the verdict, the drive, the failing
+    criterion with its measured value and bound; the gate's tab agrees with qual report's exit;
+    Allure's counts are the record's."""
+    results, record = failed_run
+    proc = qual("report", str(results), "--out", str(tmp_path / "report"))
+    assert proc.returncode == 1 and "FAILED" in proc.stdout
+    shown = _landing(_index_of(proc, tmp_path / "report"), "report-failed.png")
+    assert f"FAIL: Qualification: {report.drive_name(record)}" in shown, shown[:3000]
+    ident = record["target"]["identity"]
+    assert f"model {ident['model']}" in shown and f"serial {ident['serial']}" in shown
+    (verdict,) = [v for t in record["tests"] for v in t["verdicts"] if not v["passed"]]
+    measured = units.format_quantity(verdict["value"], "TiB/s")
+    assert f"FAIL: {verdict['id']}" in shown and f"{measured} vs min 1000 TiB/s" in shown
+    assert shown.count(f"FAIL: {verdict['id']}") == 1
+    assert "Quality Gates 1" in shown  # one rule failed, as qual report's exit 1 says
+    s = record["summary"]
+    passed = s["tests"] - s["tests_failed"] - s["tests_broken"] - s["tests_skipped"]
+    assert f"Total\n{s['tests']}" in shown and f"Failed\n{s['tests_failed']}" in shown
+    assert f"Passed\n{passed}" in shown
+
+
+def _landing(index: Path, picture: str | None = None) -> str:
+    """The text of a report's landing page as Chromium renders it, once its app has drawn."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("no chromium to open the report (Debian: apt-get install chromium)")
-    summary = summary_result(results)
-    page = f"index.html#{hashlib.md5(summary['uuid'].encode()).hexdigest()}"  # Allure's id
-    shown = ""
     with _serve(index.parent) as base:
         chrome = Chromium(browser)
         try:
-            landing = chrome.open(f"{base}/index.html")
+            page = chrome.open(f"{base}/index.html")
             deadline = time.monotonic() + 60
-            first = ""
-            while "Qualification: " not in first and time.monotonic() < deadline:
+            shown = ""
+            while "Quality Gates" not in shown and time.monotonic() < deadline:
                 time.sleep(0.5)
-                first = chrome.evaluate(landing, "document.body.innerText") or ""
-            session = chrome.open(f"{base}/{page}")
-            deadline = time.monotonic() + 60
-            while "seq_read_bw[bs=64K,qd=4]" not in shown and time.monotonic() < deadline:
-                time.sleep(0.5)
-                shown = chrome.evaluate(session, DESCRIPTION_TEXT) or ""
-            time.sleep(0.5)  # let the frame take its height before the picture
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            (ARTIFACTS / "report-summary.png").write_bytes(chrome.screenshot(session))
+                shown = chrome.evaluate(page, "document.body.innerText") or ""
+            time.sleep(1)  # the widgets' counts arrive after the tabs
+            shown = chrome.evaluate(page, "document.body.innerText") or ""
+            if picture:
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                (ARTIFACTS / picture).write_bytes(chrome.screenshot(page))
         finally:
             chrome.close()
-    # the first screen: the verdict, the drive and the profile in the report's title
-    assert f"PASS: Qualification: {report.drive_name(record)} / tiny" in first, first[:2000]
-    assert "Qualification summary: " in shown and "seq_read_bw[bs=64K,qd=4]" in shown, shown
-    assert "tiny.toml: tests: any working disk" in shown  # the source of the bound
-
-
-# the summary test's description, which Allure shows in a frame of the test's page
-DESCRIPTION_TEXT = """(() => {
-  const f = document.querySelector('iframe[data-testid="test-result-description-frame"]');
-  return f && f.contentDocument && f.contentDocument.body ? f.contentDocument.body.innerText : "";
-})()"""
+    return shown
 
 
 def _index_of(proc, out: Path) -> Path:
@@ -350,8 +378,6 @@ def test_two_loop_devices_in_one_xdist_run_give_two_records(tmp_path, loop_devic
     workers: dict[str, set] = {}
     for p in (results / "allure-results").glob("*-result.json"):
         doc = json.loads(p.read_text())
-        if doc["fullName"] == "qual.summary":
-            continue
         drive = next(x["value"] for x in doc["parameters"] if x["name"] == "drive").strip("'")
         assert any(str(m) in drive for m in mounts) and drive in doc["name"]
         if doc["status"] != "skipped":  # the drive-health check skips off NVMe
