@@ -9,7 +9,7 @@ import sys
 import time
 
 from qual import units
-from qual.judge import EXIT_INCOMPLETE, judge
+from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE, judge
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table, load_profile
 from qual.workloads.base import Family, field_help, flag_fields, flag_name, flag_value, nest
@@ -146,4 +146,8 @@ def run(args, families: dict[str, Family]) -> int:
                   f"{profile.name} not judged without proof: {verdict.unverified[0]}",
                   file=sys.stderr)
             return EXIT_INCOMPLETE
+        unsure = [v.line() for v in verdict.verdicts if v.inconclusive]
+        if unsure:
+            print(f"qual {name}: INCONCLUSIVE: {unsure[0]}", file=sys.stderr)
+            return EXIT_INCONCLUSIVE
     return outcome.exit_status()

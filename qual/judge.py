@@ -18,6 +18,8 @@ from qual.record import Baseline, Measurement, Regression
 from qual.thresholds import Profile, Verdict
 
 EXIT_INCOMPLETE = 6  # `qual run`, `qual <family> --profile`: nothing failed, something unjudged
+EXIT_INCONCLUSIVE = 5  # nothing failed, but the noise is larger than the question: `qual
+#                        compare`'s gate, or a run whose profile says `straddle = "inconclusive"`
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Judgement:
 
     @property
     def failing(self) -> list[str]:
-        return [v.line() for v in self.verdicts if not v.passed] + \
+        return [v.line() for v in self.verdicts if not v.passed and not v.inconclusive] + \
                [r.line() for r in self.regressions if not r.passed]
 
     @property
@@ -108,8 +110,12 @@ def judge(measurements: list[Measurement], profile: Profile,
                     f" but the simulation reaches only {units.format_quantity(ceiling, c.unit)} "
                     f"with no storage at all, so it cannot judge the drive [{c.file}]")
                 continue
-            out.verdicts += [dataclasses.replace(v, caveats=caveats + _straddles(v, m))
-                             for v in c.judge(m.value)]
+            for v in c.judge(m.value):
+                straddle = _straddles(v, m)
+                out.verdicts.append(dataclasses.replace(
+                    v, caveats=caveats + straddle, inconclusive=bool(
+                        straddle and not v.passed and profile.straddle == "inconclusive"
+                        and m.context.get("interval"))))
         if baseline:
             tolerance = next((c.tolerance for c in criteria if c.tolerance is not None),
                              profile.tolerance)

@@ -26,7 +26,9 @@ from qual.workloads.base import Family, Settings
 from qual.record import DEFAULT_TOLERANCE
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
-                "peak_read_bw", "filesystem", "filesystem_options", "fit", "repeats")
+                "peak_read_bw", "filesystem", "filesystem_options", "fit", "repeats",
+                "straddle")
+STRADDLE = ("caveat", "inconclusive")  # a failing median whose interval holds the bound
 FILESYSTEMS = ("ext4", "xfs")  # what qual makes on a raw namespace for the file families
 LINK = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s\s+x(\d+)\s*$")  # "32 GT/s x4": the class's host link
 DEVICE_TRUTH = ("required", "optional")  # optional: judged without it, with a caveat
@@ -105,12 +107,17 @@ class Criterion:
     def judge(self, value: float) -> list[Verdict]:
         verdicts = []
         if self.min is not None:
-            margin = (value - self.min) / abs(self.min) if self.min else math.copysign(math.inf, value)
+            margin = (value - self.min) / abs(self.min) if self.min else _unscaled(value)
             verdicts.append(Verdict(self, value, value >= self.min, "min", self.min, margin))
         if self.max is not None:
-            margin = (self.max - value) / abs(self.max) if self.max else -math.copysign(math.inf, value)
+            margin = (self.max - value) / abs(self.max) if self.max else _unscaled(-value)
             verdicts.append(Verdict(self, value, value <= self.max, "max", self.max, margin))
         return verdicts
+
+
+def _unscaled(inside: float) -> float:
+    """The margin against a bound of zero, which has no scale: none on it, else infinite."""
+    return 0.0 if inside == 0 else math.copysign(math.inf, inside)
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,8 @@ class Verdict:
     limit: float
     margin: float  # fraction of the limit by which the value is inside (+) or outside (-)
     caveats: tuple[str, ...] = ()  # what the measurement says limits its meaning
+    inconclusive: bool = False  # failed on the median, but its interval holds the bound and
+    #                             the profile's `straddle` says that decides nothing
 
     def line(self) -> str:
         """`seq_read_bw[bs=1M,qd=128] = 5.81 GiB/s < min 6.0 GiB/s (-3.2 %) [file: source]`"""
@@ -132,7 +141,8 @@ class Verdict:
             op = "<=" if self.passed else ">"
         margin = f"{self.margin * 100:+.1f} %" if math.isfinite(self.margin) else "n/a"
         caveats = "".join(f"; CAVEAT: {x}" for x in self.caveats)
-        return (f"{c.id} = {units.format_quantity(self.value, c.unit)} {op} {self.bound} "
+        word = "INCONCLUSIVE: " if self.inconclusive else ""
+        return (f"{word}{c.id} = {units.format_quantity(self.value, c.unit)} {op} {self.bound} "
                 f"{units.format_quantity(self.limit, c.unit)} ({margin}) [{c.file}: {c.source}]"
                 f"{caveats}")
 
@@ -140,7 +150,8 @@ class Verdict:
         c = self.criterion
         return {"id": c.id, "metric": c.metric, "value": self.value, "bound": self.bound,
                 "limit": self.limit, "unit": c.unit, "margin": self.margin,
-                "passed": self.passed, "severity": c.severity, "source": c.source,
+                "passed": self.passed, "inconclusive": self.inconclusive,
+                "severity": c.severity, "source": c.source,
                 "origin": c.origin, "caveats": list(self.caveats), "line": self.line()}
 
 
@@ -165,6 +176,8 @@ class Profile:
     filesystem_options: tuple[str, ...] | None = None  # mkfs options; None: qual's defaults
     fit: bool = False  # a region or dataset larger than the target is scaled down, with a CAVEAT
     repeats: int = 1  # repetitions of every judged figure (interleaved), judged by their median
+    straddle: str = "caveat"  # a failing median whose interval holds the bound: FAIL with a
+    #                           CAVEAT, or (a pipeline gate on a shared host) INCONCLUSIVE
 
     @property
     def gated_severities(self) -> tuple[str, ...]:
@@ -181,7 +194,7 @@ class Profile:
                 "description": self.description, "tolerance": self.tolerance,
                 "gate": self.gate, "device_truth": self.device_truth,
                 "filesystem": self.filesystem, "filesystem_options": self.filesystem_options,
-                "fit": self.fit, "repeats": self.repeats,
+                "fit": self.fit, "repeats": self.repeats, "straddle": self.straddle,
                 "files": [str(f) for f in self.files],
                 "tolerances": {c.id: c.tolerance for c in self.criteria
                                if c.tolerance is not None}}
@@ -235,7 +248,8 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    peak_read_bw=info.get("peak_read_bw", {}),
                    filesystem=info.get("filesystem", "ext4"),
                    filesystem_options=info.get("filesystem_options"),
-                   fit=info.get("fit", False), repeats=info.get("repeats", 1))
+                   fit=info.get("fit", False), repeats=info.get("repeats", 1),
+                   straddle=info.get("straddle", "caveat"))
 
 
 def family_table(fam: Family, given: dict, *, base: dict | None = None,
@@ -363,6 +377,11 @@ def _parse_profile_table(value, label, problems) -> dict:
         elif key == "repeats":
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100:
                 problems.append((label, where, f"{v!r} is not a count of repetitions (1..100)"))
+            else:
+                out[key] = v
+        elif key == "straddle":
+            if v not in STRADDLE:
+                problems.append((label, where, f"{v!r} is not {' or '.join(STRADDLE)}"))
             else:
                 out[key] = v
         elif key == "fit":

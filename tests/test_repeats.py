@@ -10,7 +10,7 @@ import sys
 
 from qual import stats
 from qual.judge import judge
-from qual.record import measure
+from qual.record import measure, summarize
 from qual.thresholds import load_profile
 from qual.workloads import registry
 from qual.workloads.bandwidth import METRICS
@@ -60,3 +60,83 @@ def test_a_bound_inside_the_repetitions_interval_carries_a_caveat():
     (verdict,) = judge([m], profile).verdicts
     assert verdict.passed
     assert any("the 75 % interval" in c and "straddles the bound" in c for c in verdict.caveats)
+
+
+def _seq_read(value: float, interval: list[float] | None):
+    context = {"interval": interval, "interval_confidence": 0.75} if interval else {}
+    return measure("bandwidth", METRICS["seq_read_bw"], {"bs": 65536, "qd": 4}, value,
+                   context=context)
+
+
+def test_a_pipeline_gate_calls_a_straddling_failure_inconclusive(tmp_path):
+    """With `straddle = "inconclusive"` a median under the floor whose interval reaches over it
+    decides nothing (exit 5); one whose whole interval is under it still fails; a profile
+    without the key fails both, with the caveat."""
+    gate = tmp_path / "gate.toml"
+    gate.write_text(f'[profile]\nextends = "{TINY_PROFILE}"\ndescription = "t"\n'
+                    'straddle = "inconclusive"\n')
+    pipeline = load_profile(gate, registry())  # seq_read_bw >= 1 MiB/s
+    plain = load_profile(TINY_PROFILE, registry())
+    straddling = _seq_read(0.8 * 2**20, [0.5 * 2**20, 1.5 * 2**20])
+    below = _seq_read(0.6 * 2**20, [0.5 * 2**20, 0.7 * 2**20])
+    (v,) = judge([straddling], pipeline).verdicts
+    assert v.inconclusive and not v.passed and v.line().startswith("INCONCLUSIVE: ")
+    assert not judge([straddling], pipeline).failing
+    (v,) = judge([below], pipeline).verdicts
+    assert not v.inconclusive and judge([below], pipeline).failing
+    (v,) = judge([_seq_read(0.8 * 2**20, [0.5 * 2**20, 1.5 * 2**20])], plain).verdicts
+    assert not v.inconclusive and not v.passed and "straddles the bound" in v.caveats[-1]
+    (v,) = judge([_seq_read(0.8 * 2**20, None)], pipeline).verdicts  # one sample: no interval
+    assert not v.inconclusive
+
+
+def test_a_pipeline_gate_still_fails_a_whole_interval_under_its_floor(tmp_path):
+    """A floor ten times over the fastest repetition: every repetition misses it, so the run
+    fails even where a straddling median would only be inconclusive."""
+    first, results = run_suite(tmp_path, "--qual-repeats", "3", "-k", "seq_read")
+    values = next(m for t in load_record(results)["tests"] for m in t["measurements"]
+                  if m["id"] == SEQ and m["context"].get("repetitions"))["context"]["repetitions"]
+    gate = tmp_path / "gate.toml"
+    gate.write_text(f'[profile]\nextends = "{TINY_PROFILE}"\ndescription = "t"\n'
+                    f'straddle = "inconclusive"\n\n[[bandwidth.criteria]]\n'
+                    f'metric = "seq_read_bw"\nparams = {{ bs = "64K", qd = 4 }}\n'
+                    f'min = {max(values) * 10 / 2**20:.3f}\nunit = "MiB/s"\n'
+                    'source = "tests: out of reach"\n')
+    (tmp_path / "b").mkdir()
+    proc, out = run_suite(tmp_path / "b", "--qual-repeats", "3", "-k", "seq_read",
+                          profile=gate)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert load_record(out)["summary"]["verdict"] == "FAIL"
+
+
+def test_an_inconclusive_verdict_makes_the_run_inconclusive_unless_something_failed():
+    profile = load_profile(TINY_PROFILE, registry())
+    unsure = {"id": SEQ, "passed": False, "inconclusive": True, "line": "INCONCLUSIVE: x"}
+    rest = {"id": "rand_read_lat[bs=4K,qd=1,pct=99]", "passed": True, "line": "y"}
+    tests = [{"outcome": "passed", "verdicts": [unsure, rest], "measurements": []}]
+    s = summarize(tests, profile)
+    assert s["verdict"] == "INCONCLUSIVE" and s["checks_failed"] == 0
+    assert s["inconclusive"] == ["INCONCLUSIVE: x"]
+    failed = {**rest, "passed": False}
+    s = summarize([{"outcome": "failed", "verdicts": [unsure, failed], "measurements": []}],
+                  profile)
+    assert s["verdict"] == "FAIL" and s["checks_failed"] == 1
+
+
+def test_a_repeated_outcome_judges_the_median_of_whole_runs():
+    from qual.record import repeated
+    from qual.workloads.base import Repeated
+
+    class Run(dict):
+        def measurements(self):
+            return [_seq_read(self["v"], None)]
+
+    runs = Repeated([Run(v=v) for v in (3.0, 1.0, 2.0)])
+    (m,) = runs.measurements()
+    assert m.value == 2.0 and m.context["repetitions"] == [3.0, 1.0, 2.0]
+    assert m.context["interval"] == [1.0, 3.0] and m.context["single"] == 2.0
+    assert runs["v"] == 2.0  # everything else is the last repetition's
+    # a figure with its own interval (an accuracy's) keeps the widest of them
+    a = [_seq_read(0.7, [0.6, 0.8]), _seq_read(0.75, [0.65, 0.85])]
+    (m,) = repeated([[a[0]], [a[1]]])
+    assert m.context["interval"] == [0.6, 0.85]
