@@ -16,12 +16,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qual import command, engine, record, report, shipped, units
+from qual import command, engine, record, report, shipped, units, watchdog
 from qual.judge import EXIT_INCONCLUSIVE
 from qual.engine import QualError
 from qual.plugin.session import LAST_RECORD
 from qual.record import RECORD_NAME
-from qual.target import Target
+from qual.target import DEFAULT_TARGET, Target
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
 from qual.workloads import registry
 from qual.workloads.base import duration, positive, size
@@ -57,6 +57,9 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io.add_argument("--engine", choices=engine.BACKENDS, default="auto",
                     help="I/O backend: io_uring, psync, or auto (io_uring where available)")
     io.add_argument("--seed", type=int, default=1)
+    io.add_argument("--command-timeout", type=duration, default=DEFAULT_COMMAND_TIMEOUT_S,
+                    help="an I/O outstanding this long is a stall, and the command ends with "
+                         "it (default 30s, NVMe's)")
     io.add_argument("--json", action="store_true", help="print a JSON document")
     io.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     io.add_argument("--allow-destructive", action="store_true",
@@ -146,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "io":
-            return cmd_io(args)
+            with _watched("io", args.target, args.command_timeout):
+                return cmd_io(args)
         if hasattr(args, "family"):
-            return command.run(args, families)
+            with _watched(args.family.subcommand, args.target,
+                          getattr(args, "command_timeout", None) or DEFAULT_COMMAND_TIMEOUT_S):
+                return command.run(args, families)
         if args.command == "run":
             return cmd_run(args, extra, families)
         if args.command == "profiles":
@@ -183,6 +189,20 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _watched(name: str, target: str | None, command_timeout: float) -> watchdog.Watchdog:
+    """A watchdog over a command on a target (docs/ARCHITECTURE.md §4): when a call on the
+    storage does not return, it says which and ends the command with exit 1 from its own
+    thread, touching the target no more (`qual clean` removes what was left, later)."""
+    def stalled(stall: watchdog.Stall) -> None:
+        print(f"qual {name}: error: Stalled: {stall}", file=sys.stderr)
+        print(f"qual {name}: nothing more was done on {target or DEFAULT_TARGET}; what this "
+              "command made there stays until `qual clean` removes it, once the storage "
+              "answers", file=sys.stderr)
+        watchdog.kill_descendants()
+        watchdog.exit_now(1)
+    return watchdog.watching(command_timeout, stalled)
+
+
 def cmd_io(args) -> int:
     op, pattern = RW[args.rw]
     if args.rwmixread is not None and op != "mixed":
@@ -196,7 +216,8 @@ def cmd_io(args) -> int:
                      offset=args.offset or 0, size=args.size,
                      bytes=whole if args.runtime is None else None, runtime=args.runtime,
                      seed=args.seed, backend=args.engine, direct=bool(args.direct),
-                     rwmixread=50 if args.rwmixread is None else args.rwmixread)
+                     rwmixread=50 if args.rwmixread is None else args.rwmixread,
+                     command_timeout=args.command_timeout)
     target.lock()
     try:
         result = _run_io(target.prepare(job), args)
@@ -244,6 +265,7 @@ def human_line(result: engine.IoResult) -> str:
             f"{units.format_size(result.bytes)} in {result.elapsed:.2f} s")
 
 
+DEFAULT_COMMAND_TIMEOUT_S = watchdog.DEFAULT_COMMAND_TIMEOUT_S
 REPORT_MARK = ".qual-report"  # in a report folder qual made: the only kind it overwrites
 REPORT_TIMEOUT_S = 600  # building a report of thousands of results takes seconds, not minutes
 
@@ -482,5 +504,11 @@ def cmd_profiles(families: dict, check: str | None = None) -> int:
     return 1 if failed else 0
 
 
+def entry() -> int:
+    """The `qual` command: main() in a supervised child (qual.watchdog.supervised), so that a
+    command on storage that stopped answering still ends with its status."""
+    return watchdog.supervised(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

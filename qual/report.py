@@ -6,6 +6,7 @@ import html
 import json
 import os
 import math
+import time
 import types
 import uuid
 from pathlib import Path
@@ -367,6 +368,26 @@ def write_summary_globals(alluredir: Path, record: dict, *, drive: str) -> Path:
     path = alluredir / f"{uuid.uuid4()}-globals.json"
     path.write_text(json.dumps({"attachments": attachments, "errors": []}, indent=1))
     return path
+
+
+def write_stopped_results(alluredir: Path, stopped: list[tuple], drive: str) -> None:
+    """Allure results for tests a stalled storage stopped, written by qual itself (the
+    test's own thread, which would have written them, sits in the kernel): (nodeid, name,
+    family, status, message) each, "broken" for the test that stalled, "skipped" after it."""
+    import hashlib
+
+    alluredir.mkdir(parents=True, exist_ok=True)
+    now = int(time.time() * 1000)
+    for nodeid, name, family, status, message in stopped:
+        key = hashlib.md5(f"{nodeid}:{drive}".encode()).hexdigest()
+        result = {"uuid": str(uuid.uuid4()), "historyId": key, "testCaseId": key,
+                  "fullName": nodeid, "name": f"{name} on {drive}", "status": status,
+                  "stage": "finished", "statusDetails": {"message": message},
+                  "start": now, "stop": now,
+                  "labels": [{"name": "epic", "value": family or "qual"},
+                             {"name": "framework", "value": "qual"}],
+                  "parameters": [{"name": "drive", "value": drive}]}
+        (alluredir / f"{result['uuid']}-result.json").write_text(json.dumps(result, indent=1))
 
 
 ATTENTION = ("FAIL", "REGRESSED", "INCONCLUSIVE", "NOT JUDGED", "UNVERIFIED")

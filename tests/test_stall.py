@@ -5,6 +5,7 @@ once, and a device that keeps saying EAGAIN is an error after a bounded back-off
 from __future__ import annotations
 
 import errno
+import json
 import os
 import resource
 import signal
@@ -99,3 +100,132 @@ def test_a_persistent_eagain_is_an_error_after_a_bounded_back_off(tmp_path, back
         str(e.value)
     assert 5.0 <= wall < 8.0
     assert cpu < 0.1 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s: a spin"
+
+
+# ------------------------------------------------------------------ storage that stops answering
+
+COMMAND_TIMEOUT = 2.0
+BOUND = COMMAND_TIMEOUT + 5.0  # the run ends this long after the storage stops, at most
+
+
+class DeadStorage:
+    """stallfs in its second mode: it answers `answering` requests, then none at all."""
+
+    def __init__(self, point: Path, answering: int, size: int = 64 * MiB):
+        point.mkdir()
+        self.point = point
+        self.daemon = subprocess.Popen([sys.executable, str(HERE / "stallfs.py"), str(point),
+                                        str(size), str(answering)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with time_limit(10, "mounting stallfs"):
+            line = self.daemon.stdout.readline()
+        if line.strip() != "ready":
+            pytest.skip(f"stallfs could not mount here: {self.daemon.stderr.read().strip()}")
+
+    @property
+    def file(self) -> Path:
+        return self.point / "stall.dat"
+
+    def stopped_at(self) -> float:
+        """When it stopped answering (time.monotonic(), shared by every process)."""
+        with time_limit(30, "stallfs stopping"):
+            line = self.daemon.stdout.readline()
+        assert line.startswith("stopped "), line
+        return float(line.split()[1])
+
+    def close(self) -> None:
+        self.daemon.kill()  # the connection aborts: requests still waiting fail
+        self.daemon.wait(timeout=10)
+        subprocess.run(["umount", "-l", str(self.point)], capture_output=True)
+
+
+@pytest.fixture
+def dead_storage(tmp_path):
+    if not IS_ROOT or not os.path.exists("/dev/fuse"):
+        pytest.skip("a stalling FUSE filesystem needs root and /dev/fuse")
+    made = []
+
+    def make(answering: int) -> DeadStorage:
+        made.append(DeadStorage(tmp_path / f"dead{len(made)}", answering))
+        return made[-1]
+    yield make
+    for storage in made:
+        storage.close()
+
+
+def gone(marker: str, within: float = 10.0) -> bool:
+    """No process whose command line holds `marker` is left (after the storage went away)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+        if not left.strip():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qual_io_ends_when_the_storage_stops_answering_everything(dead_storage, backend,
+                                                                  tmp_path):
+    """Reads, lookups, closes: nothing is answered once the server stops. The command still
+    ends within the command timeout + 5 s, exit 1, naming the call that did not return; and
+    once the storage is gone no qual process is left."""
+    storage = dead_storage(answering=500)
+    marker = str(storage.point)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qual.cli", "io", "--target", str(storage.file), "--rw",
+         "randread", "--bs", "4k", "--iodepth", "8", "--size", "64M", "--runtime", "60s",
+         "--engine", backend, "--command-timeout", f"{COMMAND_TIMEOUT:g}s", "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = storage.stopped_at()
+    out, err = proc.communicate(timeout=60)  # the pipes close too: nothing keeps them open
+    took = time.monotonic() - stopped
+    assert proc.returncode == 1, err
+    assert took < BOUND, f"ended {took:.1f} s after the storage stopped"
+    assert "qual io: error: Stalled: " in err and "has not returned for" in err, err
+    assert f"command timeout {COMMAND_TIMEOUT:g} s" in err
+    assert "Traceback" not in err
+    storage.close()
+    assert gone(marker), "a qual process outlived the storage"
+
+
+def test_a_run_whose_storage_stops_records_the_error_and_skips_the_rest(dead_storage,
+                                                                        tmp_path):
+    """A two-cell `qual run`: the cell that stalled is ERROR, the other is skipped for it, the
+    record and the Allure results are written (elsewhere), exit 1, within the bound."""
+    storage = dead_storage(answering=400)
+    profile = tmp_path / "stall.toml"
+    profile.write_text(f'''[profile]
+description = "tests: two read cells on storage that stops"
+[bandwidth]
+size = "16 MiB"
+runtime = "5 s"
+block_sizes = ["64K"]
+depths = [4]
+patterns = ["seq_read", "rand_read"]
+command_timeout = "{COMMAND_TIMEOUT:g} s"
+''')
+    results = tmp_path / "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qual.cli", "run", "--target", str(storage.file), "--profile",
+         str(profile), "--results", str(results), "-k", "test_cell"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = storage.stopped_at()
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - stopped
+    assert proc.returncode == 1, out[-3000:] + err[-2000:]
+    assert took < BOUND, f"ended {took:.1f} s after the storage stopped"
+    assert "qual: Stalled: " in out and "verdict: ERROR" in out, out[-3000:]
+    record = json.loads((results / "qual-run.json").read_text())
+    outcomes = {t["nodeid"].split("::")[1]: (t["outcome"], t["message"]) for t in record["tests"]}
+    (first, second) = (outcomes["test_cell[seq_read-64K-qd4]"],
+                       outcomes["test_cell[rand_read-64K-qd4]"])
+    assert first[0] == "broken" and first[1].startswith("Stalled: ")
+    assert second[0] == "skipped" and "stopped answering" in second[1]
+    assert record["summary"]["verdict"] == "ERROR" and record["stalled"]["test"].endswith(
+        "test_cell[seq_read-64K-qd4]")
+    allure = [json.loads(p.read_text()) for p in (results / "allure-results").glob(
+        "*-result.json")]
+    assert sorted(d["status"] for d in allure) == ["broken", "skipped"]
+    storage.close()
+    assert gone(str(results)), "a qual process outlived the storage"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qual import engine, report, thresholds
+from qual import engine, report, thresholds, watchdog
 from qual.engine import QualError
 from qual.plan import Plan, Selected, make_plan
 from qual.target.filesystem import OPTIONS as MKFS_OPTIONS, QualFilesystem, private_mounts
@@ -293,6 +293,7 @@ class QualSession:
                 Path(opt.qual_plan).write_text(text + "\n")
             pytest.exit("qual: plan made, nothing run", returncode=EXIT_REFUSED if refused else 0)
         if not refused:
+            self._watch(session.items)
             return
         said = "qual: refused before any I/O, nothing was written:\n" + \
             "\n".join(f"  - {r}" for r in refused)
@@ -304,8 +305,74 @@ class QualSession:
         session.shouldstop = "qual: the plan refused the run"
 
     def pytest_runtest_setup(self, item):
+        self.current = item
         if self.refused:
             pytest.fail(self.refused, pytrace=False)
+
+    # -------------------------------------------------------------- a storage that stops
+
+    def _watch(self, items: list) -> None:
+        """The watchdog over the run (qual.watchdog; docs/ARCHITECTURE.md §4): in one process
+        (not under xdist, whose workers the controller waits for), from the first test on."""
+        self.items = [it for it in items if QUAL_FIXTURES & set(getattr(it, "fixturenames", ()))]
+        if not self.items or not self.controller or \
+                getattr(self.config.option, "numprocesses", None):
+            return
+        limit = max([t["command_timeout"] for t in self.profile.tables.values()
+                     if "command_timeout" in t] or [watchdog.DEFAULT_COMMAND_TIMEOUT_S])
+        self.watchdog = watchdog.watching(limit, self._stalled).start()
+        self.config.add_cleanup(self.watchdog.stop)
+
+    def _stalled(self, stall: watchdog.Stall) -> None:
+        """On the watchdog's thread, while the test's own thread sits in the kernel: the test
+        that stalled is ERROR, every later test on its target is skipped for it, the record and
+        the Allure results are written (neither lives on the target), and the run ends with
+        exit 1, touching the target no more."""
+        item = getattr(self, "current", None)
+        said = f"Stalled: {stall}"
+        spec = self.spec_of(item) if item is not None else self.target_specs[0]
+        later = self.items[self.items.index(item) + 1:] if item in self.items else []
+        stopped = [(item, "broken", said)] if item is not None else []
+        stopped += [(it, "skipped", f"not run: {spec} stopped answering ({said})")
+                    for it in later if self.spec_of(it) == spec]
+        for it, outcome, message in stopped:
+            entry = self.tests.setdefault(it.nodeid, {
+                "nodeid": it.nodeid, "drive": spec, "outcome": outcome, "duration_s": 0.0,
+                "measurements": [], "verdicts": [], "regressions": [],
+                "where": self.where(spec, self.family_of(it))})
+            entry.update(outcome=outcome, message=message)
+        alluredir = getattr(self.config.option, "allure_report_dir", None)
+        lines = [f"qual: {said}", f"qual: {len(stopped) - 1} later test(s) on {spec} skipped; "
+                 "the storage was not touched again (`qual clean` removes what the run left "
+                 "there, once it answers)"]
+        for name in {self.spec_of(it) for it in self.items} & {t["drive"] for t in
+                                                              self.tests.values()}:
+            record = self.build_record(name)
+            record["stalled"] = {"test": item.nodeid if item else None, "what": str(stall)}
+            path = self.record_path(name)
+            write_record(path, record)
+            if alluredir:
+                drive = self.drive_label_of(record, name)
+                report.write_stopped_results(Path(alluredir), [
+                    (it.nodeid, it.name, self.family_of(it), outcome, message)
+                    for it, outcome, message in stopped if self.spec_of(it) == name], drive)
+                report.write_summary_globals(Path(alluredir), record, drive=drive)
+            lines += report.summary_lines(record)
+            lines.append(f"verdict: {record['summary']['verdict']}    run record: {path}")
+        if alluredir:
+            report.write_allure_metadata(Path(alluredir), [r for _, r in (
+                (n, self.build_record(n)) for n in self.target_specs
+                if any(t["drive"] == n for t in self.tests.values()))])
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            for line in ["", *lines]:
+                if tr is not None:
+                    tr.write_line(line, red=line.startswith("qual: Stalled"))
+                else:
+                    print(line, file=sys.__stdout__)
+        watchdog.kill_descendants()
+        watchdog.exit_now(1)
 
     def make_plan(self, spec: str, selected: list[Selected]) -> Plan:
         target = self.open_target(spec)
