@@ -266,6 +266,7 @@ def human_line(result: engine.IoResult) -> str:
 
 
 DEFAULT_COMMAND_TIMEOUT_S = watchdog.DEFAULT_COMMAND_TIMEOUT_S
+EXIT_BAD_PROFILE = 4  # as `qual run`'s usage errors: nothing was run
 REPORT_MARK = ".qual-report"  # in a report folder qual made: the only kind it overwrites
 REPORT_TIMEOUT_S = 600  # building a report of thousands of results takes seconds, not minutes
 
@@ -494,7 +495,11 @@ def cmd_profiles(families: dict, check: str | None = None) -> int:
         return 0
     failed = 0
     for spec in [check] if check else [name for name, _, _ in rows]:
-        profile = thresholds.load_profile(spec, families)
+        try:
+            profile = thresholds.load_profile(spec, families)
+        except thresholds.ProfileError as e:  # as `qual run` says it: exit 4, a line each
+            print(f"qual profiles: error: {spec}: invalid profile:\n{e}", file=sys.stderr)
+            return EXIT_BAD_PROFILE
         problems = feasibility.problems(profile)
         print(f"{profile.name}: " + ("feasible" if not problems else
                                      f"{len(problems)} bound(s) no drive of the class can meet"))

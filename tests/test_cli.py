@@ -116,6 +116,14 @@ def test_profiles_check_names_a_bound_no_drive_of_the_class_can_meet(tmp_path):
     assert "more than a 16 GT/s x4 link carries (7.88 GB/s)" in proc.stdout, proc.stdout
 
 
+def test_profiles_check_reports_a_bad_profile_as_qual_run_does(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[profile]\ndescription = "x"\nbogus = 1\n')
+    proc = qual("profiles", "--check", str(bad))
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr
+    assert "bad.toml:profile.bogus: unknown key" in proc.stderr
+
+
 @pytest.mark.parametrize("family, flag, value", [
     ("gnn", "--scale", "2"), ("checkpoint", "--ranks", "0"), ("train", "--accelerators", "0")])
 def test_a_flag_over_a_profile_is_judged_alone(tmp_path, family, flag, value):

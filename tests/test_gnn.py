@@ -275,6 +275,18 @@ def test_no_page_stays_pinned_after_the_window_drains(data):
         gids.close()
 
 
+def test_a_loader_closed_before_its_batches_stops_quietly(data):
+    """Ctrl-C in training: the loader is closed while its batch generator is still open; the
+    generator's own clean-up then has nothing to unpin and says nothing."""
+    gids, mmap = loaders(data)
+    mmap.close()
+    batches = gids.batches(np.arange(1500))
+    next(batches)
+    gids.close()
+    batches.close()  # raised TypeError (a NULL cache) before
+    assert gids.cache.closed
+
+
 # ------------------------------------------------------------------ every GIDS mechanism matters
 
 

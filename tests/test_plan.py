@@ -237,11 +237,17 @@ def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_de
 
 
 def _mounted_by(pid: int) -> bool:
-    """Whether process pid has qual's filesystem mounted (in its own mount namespace)."""
-    try:
-        return "qual-fs-" in Path(f"/proc/{pid}/mountinfo").read_text()
-    except OSError:
-        return False
+    """Whether process pid, or the command it supervises (qual.watchdog.supervised), has
+    qual's filesystem mounted (in its own mount namespace)."""
+    from qual.watchdog import _descendants
+
+    for p in _descendants(pid):
+        try:
+            if "qual-fs-" in Path(f"/proc/{p}/mountinfo").read_text():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _start_file_families(dev: str, cwd: Path) -> subprocess.Popen:
@@ -270,6 +276,8 @@ def test_ctrl_c_while_the_file_families_run_leaves_the_device_blank(tmp_path, ra
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, out[-3000:]
     assert blank(dev), subprocess.run(["blkid", "-p", dev], capture_output=True, text=True).stdout
+    record = json.loads((tmp_path / "qual-results" / "qual-run.json").read_text())
+    assert record["interrupted"].startswith("SIGINT") and "interrupted: SIGINT" in out
 
 
 @needs_root

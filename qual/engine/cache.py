@@ -77,6 +77,10 @@ class FeatureCache:
         self._thread = EngineThread("qual-gather")
         weakref.finalize(self, self._thread.close)
 
+    @property
+    def closed(self) -> bool:
+        return self._c is None
+
     def close(self) -> None:
         if self._c is not None:
             ffi.release(self._c)  # runs qual_fcache_close now, not at garbage collection

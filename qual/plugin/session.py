@@ -445,13 +445,18 @@ class QualSession:
         return self.results_dir / (slug or "drive") / RECORD_NAME
 
     def pytest_sessionfinish(self, session):
-        if not self.controller or not self.tests:
+        # Ctrl-C: a record says so beside the verdict, even one whose first test never ended
+        interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED and \
+            bool(getattr(self, "items", None))
+        if not self.controller or not (self.tests or interrupted):
             return
         alluredir = getattr(self.config.option, "allure_report_dir", None)
         for spec in self.target_specs:
-            if not any(t["drive"] == spec for t in self.tests.values()):
+            if not interrupted and not any(t["drive"] == spec for t in self.tests.values()):
                 continue
             record = self.build_record(spec)
+            if interrupted:
+                record["interrupted"] = "SIGINT (Ctrl-C): the tests after it did not run"
             path = self.record_path(spec)
             write_record(path, record)
             self.records[spec] = (path, record)
@@ -492,6 +497,8 @@ class QualSession:
                               f"INCONCLUSIVE against the baseline: {line}", yellow=True)
             for caveat in s.get("caveats", ()):
                 tr.write_line(f"CAVEAT: {caveat}", yellow=True)
+            if record.get("interrupted"):
+                tr.write_line(f"interrupted: {record['interrupted']}", yellow=True)
             tr.write_line(f"verdict: {s['verdict']}    run record: {path}",
                           bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
 

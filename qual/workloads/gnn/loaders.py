@@ -128,8 +128,9 @@ class GidsLoader(_Batches):
         ahead: collections.deque = collections.deque()  # sampled, rows pinned in the window
         try:
             yield from self._batches(seeds, ahead)
-        finally:  # stopped early (or done): nothing sampled ahead stays pinned
-            if self.window:
+        finally:  # stopped early (or done): nothing sampled ahead stays pinned; after a
+            # Ctrl-C the loader may be closed before this generator is, and then nothing is
+            if self.window and not self.cache.closed:
                 for _, _, rows in ahead:
                     self.cache.window(rows, -1)
 
