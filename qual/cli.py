@@ -57,6 +57,9 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io.add_argument("--engine", choices=engine.BACKENDS, default="auto",
                     help="I/O backend: io_uring, psync, or auto (io_uring where available)")
     io.add_argument("--seed", type=int, default=1)
+    io.add_argument("--keep", action="store_true",
+                    help="keep the scratch file qual made for the job (a later job reuses it "
+                         "instead of filling it again)")
     io.add_argument("--command-timeout", type=duration, default=DEFAULT_COMMAND_TIMEOUT_S,
                     help="an I/O outstanding this long is a stall, and the command ends with "
                          "it (default 30s, NVMe's)")
@@ -172,10 +175,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"qual clean: {target.spec}: " + ("erased qual's filesystem" if erased
                                                         else "no filesystem of qual's on it"))
                 return 0
-            target.cleanup()
+            folder = target.directory
+            before = set(folder.iterdir()) if folder is not None and folder.is_dir() else set()
+            removed = target.cleanup()
             for family in families.values():
                 if family.remove:
                     family.remove(target)
+            after = set(folder.iterdir()) if folder is not None and folder.is_dir() else set()
+            removed += sorted(str(p) for p in before - after if str(p) not in removed)
+            for path in removed:
+                print(f"qual clean: removed {path}")
+            if not removed:
+                print(f"qual clean: nothing of qual's on {target.spec}")
             return 0
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
@@ -223,6 +234,10 @@ def cmd_io(args) -> int:
         result = _run_io(target.prepare(job), args)
     finally:
         target.unlock()
+        if not args.keep:
+            for path in target.cleanup():
+                if not args.quiet:
+                    print(f"qual io: removed {path} (--keep keeps it)", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -61,8 +61,8 @@ def add_parser(sub, family: Family) -> None:
         family.flags.add(p)
         return
     p.add_argument("--seed", type=int, default=1)
-    if family.remove:
-        p.add_argument("--keep", action="store_true", help="keep what the run made on the target")
+    p.add_argument("--keep", action="store_true",
+                   help="keep what the run made on the target (its scratch file, its data)")
     for key, f in flag_fields(family.fields):
         p.add_argument(flag_name(key), dest=FIELD + key, default=None, metavar=f.kind.upper(),
                        help=field_help(f))
@@ -122,6 +122,9 @@ def run(args, families: dict[str, Family]) -> int:
         if family.remove and not keep:
             family.remove(target)
         target.unlock()
+        if not keep:
+            for path in target.cleanup():
+                say(f"removed {path} (--keep keeps it)")
     if outcome is None:
         return 0  # a rank other than 0 under torchrun
     measured = outcome.measurements()  # the honesty checks run here, with or without a profile

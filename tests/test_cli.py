@@ -151,12 +151,19 @@ def test_run_wraps_pytest_and_leaves_record_and_allure(tmp_path):
     assert not (tmp_path / ".benchmarks").exists()
 
 
-def test_clean_removes_only_qual_s_scratch(tmp_path):
-    assert qual("io", "--target", str(tmp_path), "--size", "1M").returncode == 0
+def test_io_removes_its_scratch_unless_kept_and_clean_says_what_it_removed(tmp_path):
+    gone = qual("io", "--target", str(tmp_path), "--size", "1M")
+    assert gone.returncode == 0 and "removed " in gone.stderr
+    assert not (tmp_path / "qual-target.dat").exists()
+    assert qual("io", "--target", str(tmp_path), "--size", "1M", "--keep").returncode == 0
     (tmp_path / "mine.txt").write_text("keep")
     assert (tmp_path / "qual-target.dat").exists()
-    assert qual("clean", str(tmp_path)).returncode == 0
+    cleaned = qual("clean", str(tmp_path))
+    assert cleaned.returncode == 0
+    assert f"qual clean: removed {tmp_path / 'qual-target.dat'}" in cleaned.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    again = qual("clean", str(tmp_path))
+    assert "nothing of qual's on" in again.stdout
 
 
 def test_checkpoint_plan_json_is_json_with_the_derivation():

@@ -326,25 +326,29 @@ class Target:
         os.close(self._lock_fd)
         self._lock_fd = None
 
-    def cleanup(self) -> None:
+    def cleanup(self) -> list[str]:
         """Remove the scratch file, only if qual provably created it, and the lock file a
-        killed run left behind (a regular file no process holds)."""
+        killed run left behind (a regular file no process holds); returns what it removed."""
         if self.kind == "block":
-            return
+            return []
+        removed = []
         owned = scratch.prove(self.path)
         if owned is not None:
             scratch.remove(owned)
+            removed.append(str(self.path))
         lock = self.lock_file
         if lock.exists() and getattr(self, "_lock_path", None) != lock:
             try:
                 fd = scratch.open_nofollow(lock, os.O_RDWR)
             except OSError:
-                return
+                return removed
             try:
                 if stat.S_ISREG(os.fstat(fd).st_mode):
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     lock.unlink()  # nobody holds it: a leftover
+                    removed.append(str(lock))
             except BlockingIOError:
                 pass  # a live run holds it
             finally:
                 os.close(fd)
+        return removed
