@@ -345,9 +345,11 @@ class QualSession:
         lines = [f"qual: {said}", f"qual: {len(stopped) - 1} later test(s) on {spec} skipped; "
                  "the storage was not touched again (`qual clean` removes what the run left "
                  "there, once it answers)"]
+        written = []
         for name in {self.spec_of(it) for it in self.items} & {t["drive"] for t in
                                                               self.tests.values()}:
             record = self.build_record(name)
+            written.append(record)
             record["stalled"] = {"test": item.nodeid if item else None, "what": str(stall)}
             path = self.record_path(name)
             write_record(path, record)
@@ -359,10 +361,8 @@ class QualSession:
                 report.write_summary_globals(Path(alluredir), record, drive=drive)
             lines += report.summary_lines(record)
             lines.append(f"verdict: {record['summary']['verdict']}    run record: {path}")
-        if alluredir:
-            report.write_allure_metadata(Path(alluredir), [r for _, r in (
-                (n, self.build_record(n)) for n in self.target_specs
-                if any(t["drive"] == n for t in self.tests.values()))])
+        if alluredir and written:
+            report.write_allure_metadata(Path(alluredir), written)
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         capture = self.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
