@@ -90,8 +90,19 @@ def loop_device(tmp_path):
     for dev, mounts in reversed(made):
         for point in mounts:
             _unmount(point)
-        subprocess.run(["partx", "--delete", dev], capture_output=True)
+        _delete_partitions(dev)
         subprocess.run(["losetup", "--detach", dev], capture_output=True)
+
+
+def _delete_partitions(dev: str, wait_s: float = 10.0) -> None:
+    """partx --delete, waiting out a busy partition: udev opens a partition to probe it after
+    a writer closes it, and a partition left behind would greet the next test to get this
+    loop device ("has partitions")."""
+    sysfs = Path("/sys/block") / Path(dev).name
+    deadline = time.monotonic() + wait_s
+    while any(sysfs.glob(f"{sysfs.name}p*")) and time.monotonic() < deadline:
+        subprocess.run(["partx", "--delete", dev], capture_output=True)
+        time.sleep(0.1)
 
 
 @pytest.fixture
