@@ -81,6 +81,24 @@ def test_a_forged_marker_on_a_file_of_someone_else_is_refused(tmp_path, capsys):
     assert sha256_of(victim) == before
 
 
+def test_a_marker_that_matches_the_inode_but_not_the_token_is_refused(tmp_path, capsys):
+    """A scratch file that qual did sign, whose marker was replaced by one matching its inode,
+    owner and generation but carrying another token (a second qual's marker copied over, or a
+    forger who read the inode): only the token tells them apart, and it must."""
+    from qual.target import scratch
+
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    made = scratch.create(folder / SCRATCH_NAME)
+    assert scratch.prove(made.path) is not None  # the control: the real marker proves it
+    doc = json.loads(marker_path(made.path).read_text())
+    doc["token"] = "0" * 32
+    marker_path(made.path).write_text(json.dumps(doc))
+    assert scratch.prove(made.path) is None
+    rc, _, err = qual_io(capsys, str(folder))
+    assert rc == 1 and "was not created by qual" in err, err
+
+
 def test_a_scratch_file_swapped_after_the_check_is_not_written(tmp_path):
     """The engine opens only the inode the target checked: a link or another file put in the
     scratch file's place between prepare() and the job is refused on the engine's own
