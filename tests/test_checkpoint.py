@@ -360,6 +360,31 @@ def test_a_flipped_byte_in_a_data_file_is_caught_on_restore(tmp_path):
     assert intact.value == 0.0
 
 
+def test_restore_compares_every_byte_not_only_the_crcs(tmp_path):
+    """A flipped byte whose chunk CRC and manifest CRC were rewritten to match (what a
+    CRC-consistent corruption, or a writer that checksummed wrong data, leaves): the CRCs pass,
+    and only restore's byte-for-byte compare with what was written can say so."""
+    target = Target(tmp_path)
+    checkpoint.run(target, tiny())
+    folder = tmp_path / "qual-checkpoints" / "ckpt-000001"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    chunk, mine = manifest["chunk_size"], manifest["ranks"][1]
+    data = bytearray((folder / mine["file"]).read_bytes())
+    crcs = [engine.crc32c(bytes(data[i:i + chunk])) for i in range(0, len(data), chunk)]
+    assert crcs == mine["crcs"]  # the control: the test computes the CRCs as the writer did
+    data[100_000] ^= 1
+    (folder / mine["file"]).write_bytes(data)
+    i = 100_000 // chunk
+    mine["crcs"][i] = engine.crc32c(bytes(data[i * chunk:(i + 1) * chunk]))
+    manifest["crc32c"] = engine.crc32c(json.dumps(
+        {k: v for k, v in manifest.items() if k != "crc32c"}, sort_keys=True,
+        separators=(",", ":")).encode())
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    restore = checkpoint.run(target, tiny(restore=True), passes=0)["restore"]
+    assert not restore["intact"]
+    assert restore["errors"] == ["rank 1: restored bytes differ from the bytes written"]
+
+
 def test_a_corrupt_manifest_is_refused_on_restore(tmp_path):
     target = Target(tmp_path)
     checkpoint.run(target, tiny())
