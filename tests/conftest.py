@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import sh, write_pattern_file
+from testbed import IS_ROOT, Misbehaving, sh, write_pattern_file
 
 # The Ctrl-C tests send SIGINT to qual processes they start. A shell starts a background job
 # with SIGINT ignored, and an ignored signal stays ignored across exec, so every such child
@@ -113,3 +113,20 @@ def tmpfs(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(point)], check=True)
     yield point
     _unmount(str(point))
+
+
+@pytest.fixture
+def misbehaving(tmp_path):
+    """Factory: a folder on stallfs (testbed.Misbehaving), told how to misbehave by its flags;
+    each is unmounted afterwards."""
+    if not IS_ROOT or not os.path.exists("/dev/fuse"):
+        pytest.skip("a misbehaving FUSE filesystem needs root and /dev/fuse")
+    made: list[Misbehaving] = []
+
+    def make(*flags: str, size: int | None = None) -> Misbehaving:
+        made.append(Misbehaving(tmp_path / f"fuse{len(made)}", *flags, size=size))
+        return made[-1]
+    yield make
+    for storage in made:
+        storage.close()
+

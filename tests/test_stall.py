@@ -27,24 +27,9 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def stalled_file(tmp_path):
-    """A 1 MiB file on a filesystem whose reads are never answered."""
-    if not IS_ROOT or not os.path.exists("/dev/fuse"):
-        pytest.skip("a stalling FUSE filesystem needs root and /dev/fuse")
-    point = tmp_path / "stallfs"
-    point.mkdir()
-    daemon = subprocess.Popen([sys.executable, str(HERE / "stallfs.py"), str(point), str(MiB)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        with time_limit(10, "mounting stallfs"):
-            line = daemon.stdout.readline()
-        if line.strip() != "ready":
-            pytest.skip(f"stallfs could not mount here: {daemon.stderr.read().strip()}")
-        yield point / "stall.dat"
-    finally:
-        daemon.kill()  # the connection aborts: reads still pending fail with ENOTCONN
-        daemon.wait(timeout=10)
-        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+def stalled_file(misbehaving):
+    """A 1 MiB file on a filesystem whose reads of it are never answered."""
+    return misbehaving("--stall-reads", "stall.dat", size=MiB).file
 
 
 def stall_job(path, backend: str, **kw) -> IoJob:
@@ -108,51 +93,6 @@ COMMAND_TIMEOUT = 2.0
 BOUND = COMMAND_TIMEOUT + 5.0  # the run ends this long after the storage stops, at most
 
 
-class DeadStorage:
-    """stallfs in its second mode: it answers `answering` requests, then none at all."""
-
-    def __init__(self, point: Path, answering: int, size: int = 64 * MiB):
-        point.mkdir()
-        self.point = point
-        self.daemon = subprocess.Popen([sys.executable, str(HERE / "stallfs.py"), str(point),
-                                        str(size), str(answering)],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with time_limit(10, "mounting stallfs"):
-            line = self.daemon.stdout.readline()
-        if line.strip() != "ready":
-            pytest.skip(f"stallfs could not mount here: {self.daemon.stderr.read().strip()}")
-
-    @property
-    def file(self) -> Path:
-        return self.point / "stall.dat"
-
-    def stopped_at(self) -> float:
-        """When it stopped answering (time.monotonic(), shared by every process)."""
-        with time_limit(30, "stallfs stopping"):
-            line = self.daemon.stdout.readline()
-        assert line.startswith("stopped "), line
-        return float(line.split()[1])
-
-    def close(self) -> None:
-        self.daemon.kill()  # the connection aborts: requests still waiting fail
-        self.daemon.wait(timeout=10)
-        subprocess.run(["umount", "-l", str(self.point)], capture_output=True)
-
-
-@pytest.fixture
-def dead_storage(tmp_path):
-    if not IS_ROOT or not os.path.exists("/dev/fuse"):
-        pytest.skip("a stalling FUSE filesystem needs root and /dev/fuse")
-    made = []
-
-    def make(answering: int) -> DeadStorage:
-        made.append(DeadStorage(tmp_path / f"dead{len(made)}", answering))
-        return made[-1]
-    yield make
-    for storage in made:
-        storage.close()
-
-
 def gone(marker: str, within: float = 10.0) -> bool:
     """No process whose command line holds `marker` is left (after the storage went away)."""
     deadline = time.monotonic() + within
@@ -165,12 +105,11 @@ def gone(marker: str, within: float = 10.0) -> bool:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_qual_io_ends_when_the_storage_stops_answering_everything(dead_storage, backend,
-                                                                  tmp_path):
+def test_qual_io_ends_when_the_storage_stops_answering_everything(misbehaving, backend):
     """Reads, lookups, closes: nothing is answered once the server stops. The command still
     ends within the command timeout + 5 s, exit 1, naming the call that did not return; and
     once the storage is gone no qual process is left."""
-    storage = dead_storage(answering=500)
+    storage = misbehaving("--answer", "500", size=64 * MiB)
     marker = str(storage.point)
     proc = subprocess.Popen(
         [sys.executable, "-m", "qual.cli", "io", "--target", str(storage.file), "--rw",
@@ -189,11 +128,10 @@ def test_qual_io_ends_when_the_storage_stops_answering_everything(dead_storage, 
     assert gone(marker), "a qual process outlived the storage"
 
 
-def test_a_run_whose_storage_stops_records_the_error_and_skips_the_rest(dead_storage,
-                                                                        tmp_path):
+def test_a_run_whose_storage_stops_records_the_error_and_skips_the_rest(misbehaving, tmp_path):
     """A two-cell `qual run`: the cell that stalled is ERROR, the other is skipped for it, the
     record and the Allure results are written (elsewhere), exit 1, within the bound."""
-    storage = dead_storage(answering=400)
+    storage = misbehaving("--answer", "400", size=64 * MiB)
     profile = tmp_path / "stall.toml"
     profile.write_text(f'''[profile]
 description = "tests: two read cells on storage that stops"

@@ -176,3 +176,50 @@ class Chromium:
             self.proc.kill()
         os.close(self._cmd_w)
         os.close(self._res_r)
+
+
+class Misbehaving:
+    """A folder on stallfs.py: a FUSE passthrough to a backing folder that misbehaves as told
+    (reads that never complete, a storage that stops answering everything, EIO for a range,
+    slow flushes, a log of every request). Needs root and /dev/fuse."""
+
+    def __init__(self, point: Path, *flags: str, size: int | None = None):
+        self.point, self.backing = point, point.with_name(point.name + "-backing")
+        point.mkdir()
+        self.backing.mkdir()
+        self.log = point.with_name(point.name + ".log")
+        cmd = [sys.executable, str(Path(__file__).with_name("stallfs.py")), str(point),
+               str(self.backing), "--log", str(self.log), *flags]
+        if size is not None:
+            cmd += ["--size", str(size)]
+        self.daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+        with time_limit(10, "mounting stallfs"):
+            line = self.daemon.stdout.readline()
+        if line.strip() != "ready":
+            self.daemon.kill()
+            pytest.skip(f"stallfs could not mount here: {self.daemon.stderr.read().strip()}")
+
+    @property
+    def file(self) -> Path:
+        return self.point / "stall.dat"
+
+    def stop(self) -> None:
+        """Stop answering anything, now."""
+        self.daemon.send_signal(signal.SIGUSR1)
+
+    def stopped_at(self) -> float:
+        """When it stopped answering (time.monotonic(), shared by every process)."""
+        with time_limit(60, "stallfs stopping"):
+            line = self.daemon.stdout.readline()
+        assert line.startswith("stopped "), line
+        return float(line.split()[1])
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(operation, path) of every request answered, in order."""
+        return [tuple(line.split()[:2]) for line in self.log.read_text().splitlines()]
+
+    def close(self) -> None:
+        self.daemon.kill()  # the connection aborts: requests still waiting fail
+        self.daemon.wait(timeout=10)
+        subprocess.run(["umount", "-l", str(self.point)], capture_output=True)
