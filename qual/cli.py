@@ -21,7 +21,7 @@ from qual.judge import EXIT_INCONCLUSIVE
 from qual.engine import QualError
 from qual.plugin.session import LAST_RECORD
 from qual.record import RECORD_NAME
-from qual.target import DEFAULT_TARGET, Target
+from qual.target import Target
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
 from qual.workloads import registry
 from qual.workloads.base import duration, positive, size
@@ -152,12 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "io":
-            with _watched("io", args.target, args.command_timeout):
+            with command.watched("io", args.target, args.command_timeout):
                 return cmd_io(args)
         if hasattr(args, "family"):
-            with _watched(args.family.subcommand, args.target,
-                          getattr(args, "command_timeout", None) or DEFAULT_COMMAND_TIMEOUT_S):
-                return command.run(args, families)
+            return command.run(args, families)
         if args.command == "run":
             return cmd_run(args, extra, families)
         if args.command == "profiles":
@@ -198,20 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     return 2
-
-
-def _watched(name: str, target: str | None, command_timeout: float) -> watchdog.Watchdog:
-    """A watchdog over a command on a target (docs/ARCHITECTURE.md §4): when a call on the
-    storage does not return, it says which and ends the command with exit 1 from its own
-    thread, touching the target no more (`qual clean` removes what was left, later)."""
-    def stalled(stall: watchdog.Stall) -> None:
-        print(f"qual {name}: error: Stalled: {stall}", file=sys.stderr)
-        print(f"qual {name}: nothing more was done on {target or DEFAULT_TARGET}; what this "
-              "command made there stays until `qual clean` removes it, once the storage "
-              "answers", file=sys.stderr)
-        watchdog.kill_descendants()
-        watchdog.exit_now(1)
-    return watchdog.watching(command_timeout, stalled)
 
 
 def cmd_io(args) -> int:

@@ -8,11 +8,12 @@ import json
 import sys
 import time
 
-from qual import units
+from qual import units, watchdog
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE, judge
-from qual.target import Target
+from qual.target import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
-from qual.workloads.base import Family, field_help, flag_fields, flag_name, flag_value, nest
+from qual.workloads.base import (Family, duration, field_help, flag_fields, flag_name,
+                                 flag_value, nest)
 
 FIELD = "field:"  # dest prefix of a generated flag
 
@@ -57,6 +58,11 @@ def add_parser(sub, family: Family) -> None:
     p.add_argument("--allow-destructive", action="store_true",
                    help="allow writes to a block device (the safety guard still applies)")
     p.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
+    if not _has_timeout_field(family):  # else the field's own flag sets it
+        p.add_argument("--command-timeout", type=duration, default=None, metavar="DURATION",
+                       help="end the command with a stall error when a call on the target has "
+                            "not returned for this long (default: "
+                            f"{watchdog.DEFAULT_COMMAND_TIMEOUT_S:g} s)")
     if family.flags:
         family.flags.add(p)
         return
@@ -91,6 +97,56 @@ def _settings(family: Family, args, profile):
     return family_table(family, given, base=base, label="flags")
 
 
+def watched(name: str, target: str | None, command_timeout: float) -> watchdog.Watchdog:
+    """A watchdog over a command on a target (docs/ARCHITECTURE.md §4): when a call on the
+    storage does not return, it says which and ends the command with exit 1 from its own
+    thread, touching the target no more (`qual clean` removes what was left, later)."""
+    def stalled(stall: watchdog.Stall) -> None:
+        print(f"qual {name}: error: Stalled: {stall}", file=sys.stderr)
+        print(f"qual {name}: nothing more was done on {target or DEFAULT_TARGET}; what this "
+              "command made there stays until `qual clean` removes it, once the storage "
+              "answers", file=sys.stderr)
+        watchdog.kill_descendants()
+        watchdog.exit_now(1)
+    return watchdog.watching(command_timeout, stalled)
+
+
+def _has_timeout_field(family: Family) -> bool:
+    return any(f.name == "command_timeout" for f in family.fields)
+
+
+def _command_timeout(family: Family, args, settings) -> float:
+    """The family's own command_timeout field where it has one, else --command-timeout."""
+    if _has_timeout_field(family):
+        return settings["command_timeout"]
+    return args.command_timeout or watchdog.DEFAULT_COMMAND_TIMEOUT_S
+
+
+def _run_on(family: Family, args, settings, say: Reporter, keep: bool):
+    """The family's run on --target (locked unless torchrun's ranks share it), or on what its
+    settings say it only reads; what the run made is removed afterwards unless kept, and
+    said."""
+    source = family.reads_from(settings)
+    target = Target(source or args.target, allow_destructive=args.allow_destructive,
+                    confirm_serial=args.confirm_serial)
+    say(f"{family.name} on {source or target.spec} ({target.identity.label()})")
+    seed = getattr(args, "seed", 1)
+    if source:  # nothing is written there: no lock, nothing to remove
+        return target, family.run(target, settings, seed=seed, progress=say)
+    shared = family.flags.shared_target() if family.flags else False
+    if not shared:  # torchrun ranks all open the target: rank 0 speaks for them
+        target.lock()
+    try:
+        return target, family.run(target, settings, seed=seed, progress=say)
+    finally:
+        if family.remove and not keep:
+            family.remove(target)
+        target.unlock()
+        if not keep:
+            for path in target.cleanup():
+                say(f"removed {path} (--keep keeps it)")
+
+
 def run(args, families: dict[str, Family]) -> int:
     family: Family = args.family
     name = family.subcommand
@@ -109,22 +165,10 @@ def run(args, families: dict[str, Family]) -> int:
         print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))
         return 0
     keep = family.flags.keep(args) if family.flags else getattr(args, "keep", False)
-    shared = family.flags.shared_target() if family.flags else False
-    target = Target(args.target, allow_destructive=args.allow_destructive,
-                    confirm_serial=args.confirm_serial)
     say = Reporter(name, args.quiet)
-    if not shared:  # torchrun ranks all open the target: rank 0 speaks for them
-        target.lock()
-    try:
-        say(f"{family.name} on {target.spec} ({target.identity.label()})")
-        outcome = family.run(target, settings, seed=getattr(args, "seed", 1), progress=say)
-    finally:
-        if family.remove and not keep:
-            family.remove(target)
-        target.unlock()
-        if not keep:
-            for path in target.cleanup():
-                say(f"removed {path} (--keep keeps it)")
+    with watched(name, family.reads_from(settings) or args.target,
+                 _command_timeout(family, args, settings)):
+        target, outcome = _run_on(family, args, settings, say, keep)
     if outcome is None:
         return 0  # a rank other than 0 under torchrun
     measured = outcome.measurements()  # the honesty checks run here, with or without a profile

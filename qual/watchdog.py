@@ -114,21 +114,32 @@ def _tasks(pid: int) -> list[int]:
         return []
 
 
-def _switches(pid: int, tid: int) -> int | None:
+def _state(pid: int, tid: int) -> tuple[str, int] | None:
+    """The thread's scheduler state (R, S, D, T…) and how many times it has been switched out."""
     text = _read(f"/proc/{pid}/task/{tid}/status")
     if text is None:
         return None
-    return sum(int(line.split()[1]) for line in text.splitlines()
-               if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
+    lines = text.splitlines()
+    state = next((line.split()[1] for line in lines if line.startswith("State:")), "?")
+    return state, sum(int(line.split()[1]) for line in lines if line.startswith(
+        ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
 
 
-def _storage_call(pid: int, line: str, files: dict) -> tuple[str, str | None, int | None] | None:
+PAGE_FAULT = "a page fault (a read of memory-mapped storage)"
+
+
+def _storage_call(pid: int, line: str, files: dict,
+                  state: str = "S") -> tuple[str, str | None, int | None] | None:
     """(call, file, offset) when the /proc syscall line is a call on storage, else None.
     `files` remembers what each descriptor named when last seen: a close on another thread
-    takes it out of the table while this call still waits on it."""
+    takes it out of the table while this call still waits on it. A thread asleep outside any
+    system call ("-1", state S or D, not T: stopped by a signal or a debugger) waits in a page
+    fault: a memory-mapped file whose storage does not answer (the mmap loader's features)."""
     parts = line.split()
-    if not parts or parts[0] == "running" or parts[0] == "-1":
+    if not parts or parts[0] == "running":
         return None
+    if parts[0] == "-1":
+        return (PAGE_FAULT, None, None) if state in ("S", "D") else None
     try:
         call = SYSCALLS.get(int(parts[0]))
         args = [int(a, 16) for a in parts[1:7]]
@@ -193,14 +204,15 @@ class Watchdog:
                 if tid == me:
                     continue
                 line = _read(f"/proc/{pid}/task/{tid}/syscall")
-                switches = _switches(pid, tid)
-                if line is None or switches is None:
+                status = _state(pid, tid)
+                if line is None or status is None:
                     continue
+                state, switches = status
                 line = " ".join(line.split()[:7])  # the call and its arguments, not sp/pc
                 before = self._seen.get((pid, tid))
                 since = before[2] if before and before[:2] == (line, switches) else now
                 seen[(pid, tid)] = (line, switches, since)
-                what = _storage_call(pid, line, self._files)  # every time: it learns the fds
+                what = _storage_call(pid, line, self._files, state)  # every time: learns fds
                 if now - since <= self.limit:
                     continue
                 if what and (worst is None or now - since > worst.age):

@@ -5,9 +5,10 @@ the server under a network or object-store mount) does when it fails:
 - `--stall-reads NAME`: reads of NAME are never answered (a drive that stops completing reads);
   everything else is;
 - `--answer N`: after N answered requests, nothing more is answered at all — not a read, a
-  lookup, a getattr, an unlink or a release: a storage that stopped answering everything. SIGUSR1
-  does the same at a moment of the caller's choosing. It prints "stopped T" (T on
-  time.monotonic(), one clock for every process) when it stops;
+  lookup, a getattr, an unlink or a release: a storage that stopped answering everything.
+  `--stop-on OP:TEXT` does the same from the first request OP on a path holding TEXT (that one
+  unanswered: `WRITE:rank-`), and SIGUSR1 at a moment of the caller's choosing. It prints
+  "stopped T" (T on time.monotonic(), one clock for every process) when it stops;
 - `--eio NAME:OFFSET:LENGTH`: reads of NAME that touch [OFFSET, OFFSET+LENGTH) fail with EIO (an
   unreadable range: the medium error a drive returns), writes succeed;
 - `--fsync-delay S`: every fsync/fdatasync of a file takes S seconds longer (a drive whose cache
@@ -244,9 +245,11 @@ class Passthrough:
 
 
 class Server:
-    def __init__(self, fd: int, fs: Passthrough, answering: int | None, log):
+    def __init__(self, fd: int, fs: Passthrough, answering: int | None, stop_on: str | None,
+                 log):
         self.fd, self.fs, self.log = fd, fs, log
         self.answering = answering
+        self.stop_on = stop_on.split(":", 1) if stop_on else None
         self.answered = 0
         self.stopped = False
 
@@ -266,6 +269,9 @@ class Server:
             length, opcode, unique, node = IN_HEADER.unpack_from(msg)[:4]
             op = OPCODES.get(opcode, str(opcode))
             if self.answering is not None and self.answered >= self.answering and op != "INIT":
+                self.stop()
+            if self.stop_on and op == self.stop_on[0] and \
+                    self.stop_on[1] in self.fs.paths.get(node, ""):
                 self.stop()
             if self.stopped:
                 continue  # the storage stopped answering anything
@@ -294,6 +300,7 @@ def main() -> None:
     p.add_argument("--size", type=int, help="create BACKING/stall.dat of this many bytes")
     p.add_argument("--stall-reads", metavar="NAME")
     p.add_argument("--answer", type=int, metavar="N")
+    p.add_argument("--stop-on", metavar="OP:TEXT")
     p.add_argument("--eio", action="append", default=[], metavar="NAME:OFFSET:LENGTH")
     p.add_argument("--fsync-delay", type=float, default=0.0)
     p.add_argument("--log")
@@ -306,7 +313,7 @@ def main() -> None:
     options = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
     if libc.mount(b"stallfs", args.mountpoint.encode(), b"fuse.stallfs", 6, options) != 0:
         sys.exit(f"mount: {os.strerror(ctypes.get_errno())}")  # 6: nosuid, nodev
-    server = Server(fd, Passthrough(args.backing, args), args.answer,
+    server = Server(fd, Passthrough(args.backing, args), args.answer, args.stop_on,
                     open(args.log, "a") if args.log else None)
     signal.signal(signal.SIGUSR1, server.stop)
     print("ready", flush=True)

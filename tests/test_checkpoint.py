@@ -3,10 +3,11 @@ known data, atomic commit and restore integrity, ENOSPC on a real small filesyst
 ranks as real processes."""
 
 import errno
-import re
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from qual.workloads import checkpoint
 from qual.workloads.checkpoint.plan import (DTYPE_BYTES, MLPERF_LAYOUTS, REFERENCES, Layout,
                                             build_plan, describe)
 from qual.workloads.checkpoint.store import MANIFEST, CheckpointStore, IncompleteCheckpoint
+from qual.workloads.checkpoint.store import load as load_set
 from testbed import TINY_ALL, load_record, needs_root, run_suite
 
 GiB = 2**30
@@ -255,7 +257,7 @@ def test_an_uncommitted_checkpoint_is_refused_and_removed(tmp_path):
     (partial / "rank-00000.bin").write_bytes(b"\0" * 4096)
     assert store.complete() == []
     with pytest.raises(IncompleteCheckpoint, match="never committed"):
-        store.load(partial)
+        load_set(partial)
     assert store.remove_partials() == [partial] and not partial.exists()
 
 
@@ -263,18 +265,18 @@ def test_manifest_corruption_is_named(tmp_path):
     store = CheckpointStore(tmp_path)
     store.create()
     ckpt = store.commit(store.begin("ckpt-000001"), {"name": "x", "ranks": [], "plan": {}})
-    assert store.load(ckpt)["name"] == "x"
+    assert load_set(ckpt)["name"] == "x"
     manifest = ckpt / MANIFEST
     good = manifest.read_bytes()
     manifest.write_bytes(good.replace(b'"name": "x"', b'"name": "y"'))  # still JSON
     with pytest.raises(DataMismatch, match="CRC32C does not match"):
-        store.load(ckpt)
+        load_set(ckpt)
     manifest.write_bytes(good.replace(b"{", b"[", 1))  # no longer JSON
     with pytest.raises(DataMismatch, match="not JSON"):
-        store.load(ckpt)
+        load_set(ckpt)
     manifest.unlink()
     with pytest.raises(IncompleteCheckpoint, match="no manifest"):
-        store.load(ckpt)
+        load_set(ckpt)
 
 
 def test_a_folder_qual_did_not_make_is_left_alone(tmp_path):
@@ -407,7 +409,7 @@ def test_enospc_mid_checkpoint_leaves_the_earlier_ones_restorable(tmp_path, loop
     done = store.complete()
     assert done and not [p for p in store.root.iterdir() if p.name.endswith(".partial")]
     for ckpt in done:  # every directory restore would accept is complete and intact
-        store.load(ckpt)
+        load_set(ckpt)
     result = checkpoint.run(target, tiny(restore=True), passes=0)
     assert result["restore"]["intact"] and result["restore"]["path"] == str(done[-1])
 
@@ -553,6 +555,22 @@ def test_a_set_written_by_one_run_is_restored_bit_for_bit_by_another(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert back["verified"] is True and back["restore_errors"] == []
     assert back["crc_checked_bytes"] == back["byte_compared_bytes"] == back["bytes"] == doc["bytes"]
+    # the set travels: copied under another name (an archive), moved to another parent (another
+    # host's mount point); its manifest alone makes it a committed set
+    archive = tmp_path / "archive-2026-12"
+    shutil.copytree(ckpt, archive)
+    moved = tmp_path / "other-host" / "mnt"
+    moved.mkdir(parents=True)
+    ckpt = Path(shutil.move(ckpt, moved))
+    for copy in (archive, ckpt):
+        proc, back = qual_checkpoint("--read-only", str(copy), "--json", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert back["verified"] is True and back["bytes"] == doc["bytes"]
+    header = subprocess.run([sys.executable, "-m", "qual.cli", "checkpoint", "--read-only",
+                             str(archive)], capture_output=True, text=True, timeout=300)
+    assert f"checkpoint on {archive} (" in header.stderr  # the set, not the default target
+    assert header.returncode == 0 and "kept in" not in header.stdout
+    assert not (tmp_path / ".qual").exists()  # nothing was made beside it
     with open(ckpt / "rank-00001.bin", "r+b") as f:  # one flipped bit: the next read says so
         f.seek(4096)
         b = f.read(1)
@@ -629,3 +647,25 @@ def test_subset_mode_writes_this_hosts_share_and_reads_it_back_from_the_device(t
     assert len(list(ckpt.glob("rank-*.bin"))) == 8
     again = checkpoint.run(Target(folder), tiny(read_only=str(ckpt))).document()
     assert again["verified"] and again["bytes"] == doc["bytes"]
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_the_failing_ranks_own_error_is_shown_not_a_peers(misbehaving, tmp_path, failing):
+    """A drive that returns EIO inside one rank's file during a restore: that rank fails with
+    a device error naming the file and offset; its peer then loses the process group
+    ("Connection closed"). What the user sees is the failing rank's own error, whichever rank
+    it is."""
+    name = f"qual-checkpoints/ckpt-000001/rank-{failing:05d}.bin"
+    storage = misbehaving("--eio", f"{name}:{1 << 20}:4096")
+    written = subprocess.run(  # straight into the backing folder; read back through stallfs
+        [sys.executable, "-m", "qual.cli", "checkpoint", "--target", str(storage.backing),
+         "--tp", "2", "--scale", "1e-4", "--write-only", "-q"], capture_output=True, text=True,
+        timeout=300)
+    assert written.returncode == 0, written.stderr
+    proc, _ = qual_checkpoint("--read-only", str(storage.point / "qual-checkpoints" /
+                                                 "ckpt-000001"), cwd=tmp_path)
+    assert proc.returncode == 1
+    (error,) = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert f"rank {failing}: " in error and error.endswith("[EIO]"), proc.stderr
+    assert f"rank-{failing:05d}.bin: read at offset" in error, error
+    assert "Connection closed" not in proc.stderr and "Traceback" not in proc.stderr

@@ -93,39 +93,92 @@ COMMAND_TIMEOUT = 2.0
 BOUND = COMMAND_TIMEOUT + 5.0  # the run ends this long after the storage stops, at most
 
 
-def gone(marker: str, within: float = 10.0) -> bool:
-    """No process whose command line holds `marker` is left (after the storage went away)."""
+def gone(*markers: str, within: float = 10.0) -> bool:
+    """No process whose command line holds one of `markers` is left (after the storage went
+    away)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
-        if not left.strip():
+        left = [subprocess.run(["pgrep", "-f", m], capture_output=True, text=True).stdout.strip()
+                for m in markers]
+        if not any(left):
             return True
         time.sleep(0.2)
     return False
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_qual_io_ends_when_the_storage_stops_answering_everything(misbehaving, backend):
-    """Reads, lookups, closes: nothing is answered once the server stops. The command still
-    ends within the command timeout + 5 s, exit 1, naming the call that did not return; and
-    once the storage is gone no qual process is left."""
-    storage = misbehaving("--answer", "500", size=64 * MiB)
-    marker = str(storage.point)
+def ends_within_the_bound(storage, tmp_path: Path, command: str, *args: str) -> str:
+    """`qual COMMAND ARGS` on storage that stops answering everything (at the point its flags
+    chose) ends within the command timeout + 5 s, exit 1, naming the call that did not return,
+    with no traceback; once the storage is gone no qual process is left (rank processes
+    included: their command lines name the job file under this test's TMPDIR). Returns
+    stderr."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "qual.cli", "io", "--target", str(storage.file), "--rw",
-         "randread", "--bs", "4k", "--iodepth", "8", "--size", "64M", "--runtime", "60s",
-         "--engine", backend, "--command-timeout", f"{COMMAND_TIMEOUT:g}s", "-q"],
+        [sys.executable, "-m", "qual.cli", command, *args, "--command-timeout",
+         f"{COMMAND_TIMEOUT:g}s", "-q"], cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped = storage.stopped_at()
-    out, err = proc.communicate(timeout=60)  # the pipes close too: nothing keeps them open
+    out, err = proc.communicate(timeout=120)  # the pipes close too: nothing keeps them open
     took = time.monotonic() - stopped
-    assert proc.returncode == 1, err
+    assert proc.returncode == 1, err[-3000:]
     assert took < BOUND, f"ended {took:.1f} s after the storage stopped"
-    assert "qual io: error: Stalled: " in err and "has not returned for" in err, err
+    assert f"qual {command}: error: Stalled: " in err and "has not returned for" in err, err
     assert f"command timeout {COMMAND_TIMEOUT:g} s" in err
     assert "Traceback" not in err
     storage.close()
-    assert gone(marker), "a qual process outlived the storage"
+    assert gone(str(storage.point), str(tmp)), "a qual process outlived the storage"
+    return err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qual_io_ends_when_the_storage_stops_answering_everything(misbehaving, tmp_path,
+                                                                   backend):
+    """Reads, lookups, closes: nothing is answered once the server stops (after 500
+    requests)."""
+    storage = misbehaving("--answer", "500", size=64 * MiB)
+    ends_within_the_bound(storage, tmp_path, "io", "--target", str(storage.file), "--rw",
+                          "randread", "--bs", "4k", "--iodepth", "8", "--size", "64M",
+                          "--runtime", "60s", "--engine", backend)
+
+
+def test_qual_checkpoint_ends_when_the_storage_stops_during_a_write(misbehaving, tmp_path):
+    """The first write of a rank file is never answered, nor anything after it: the rank
+    processes sit in the kernel, and the command still ends."""
+    storage = misbehaving("--stop-on", "WRITE:rank-")
+    ends_within_the_bound(storage, tmp_path, "checkpoint", "--target", str(storage.point),
+                          "--tp", "2", "--scale", "1e-4", "--count", "3")
+
+
+def test_qual_checkpoint_read_only_ends_when_the_storage_stops_during_the_restore(
+        misbehaving, tmp_path):
+    storage = misbehaving("--stop-on", "READ:rank-")
+    written = subprocess.run(  # straight into the backing folder: no request reaches stallfs
+        [sys.executable, "-m", "qual.cli", "checkpoint", "--target", str(storage.backing),
+         "--tp", "2", "--scale", "1e-4", "--count", "1", "--write-only", "-q"],
+        capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stderr
+    ends_within_the_bound(storage, tmp_path, "checkpoint", "--read-only",
+                          str(storage.point / "qual-checkpoints" / "ckpt-000001"))
+
+
+def test_qual_train_ends_when_the_storage_stops_during_an_epoch(misbehaving, tmp_path):
+    storage = misbehaving("--stop-on", "READ:train/")
+    ends_within_the_bound(storage, tmp_path, "train", "--target", str(storage.point),
+                          "--files", "16", "--record-scale", "0.002", "--computation-time",
+                          "10ms", "--accelerators", "1", "--epochs", "1")
+
+
+@pytest.mark.parametrize("stop_on, stuck_in", [
+    ("WRITE:qual-igbh", None),  # generating the dataset
+    ("READ:node_feat", "a page fault"),  # the features, read through a memory map
+])
+def test_qual_gnn_ends_when_the_storage_stops(misbehaving, tmp_path, stop_on, stuck_in):
+    storage = misbehaving("--stop-on", stop_on)
+    err = ends_within_the_bound(storage, tmp_path, "gnn", "--target", str(storage.point),
+                                "--scale", "0.01", "--fanouts", "3,2", "--steps", "3",
+                                "--warmup", "1", "--batch-size", "128")
+    assert stuck_in is None or f"Stalled: {stuck_in}" in err, err
 
 
 def test_a_run_whose_storage_stops_records_the_error_and_skips_the_rest(misbehaving, tmp_path):

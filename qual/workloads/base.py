@@ -171,7 +171,9 @@ class Family:
     `filesystem`: its tests work on files, so on a raw namespace they run on a filesystem qual
     makes there (docs/ARCHITECTURE.md, "A raw namespace"). `fit(table, room, need)`: the table
     values that shrink what its tests need at once from `need` to at most `room` bytes ({}:
-    it cannot), for --qual-fit."""
+    it cannot), for --qual-fit. `reads_from(table)`: the path a run only reads when its settings
+    name one (a checkpoint set read back from wherever it lies): the command works on that,
+    not on --target, and takes no lock and leaves nothing there."""
 
     name: str
     description: str
@@ -188,6 +190,7 @@ class Family:
         default=lambda table, test, param, rates: [])
     filesystem: bool = False
     fit: Callable[[dict, int, int], dict] = field(default=lambda table, room, need: {})
+    reads_from: Callable[[dict], str | None] = field(default=lambda table: None)
 
     @property
     def subcommand(self) -> str:

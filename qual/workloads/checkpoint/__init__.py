@@ -28,7 +28,7 @@ from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, positi
 from qual.workloads.checkpoint import charts, ranks
 from qual.workloads.checkpoint.plan import (MLPERF_LAYOUTS, MODELS, RECIPES, SUBSET_PROCESSES,
                                             Plan, describe, plan_from)
-from qual.workloads.checkpoint.store import CheckpointStore
+from qual.workloads.checkpoint.store import CheckpointStore, load as load_set
 
 NAME = "checkpoint"
 _PASS, _INDEX = Param("pass", "count"), Param("index", "count")
@@ -196,9 +196,10 @@ def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
     for rank in range(processes):
         log = open(workdir / f"rank-{rank:05d}.log", "wb")
         env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        # rank 0's lines reach the user through the launcher, never its stdout or stderr: a rank
+        # stuck on storage that stopped answering cannot exit, and would hold them open
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", RANK_MAIN, str(job_path)], env=env,
-            stdout=log, stderr=None if rank == 0 else log))
+            [sys.executable, "-c", RANK_MAIN, str(job_path)], env=env, stdout=log, stderr=log))
         log.close()
     try:
         while any(p.poll() is None for p in procs):
@@ -317,13 +318,13 @@ def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> Check
     """Restore and verify one committed checkpoint that an earlier run (or another host)
     wrote: its plan, chunking, alignment and data seed come from its manifest, which is
     checked first (committed, intact, every rank file present); nothing is written."""
-    manifest = CheckpointStore(ckpt.parent.parent).load(ckpt)  # refuses before any rank starts
+    manifest = load_set(ckpt)  # refuses before any rank starts
     p = manifest["plan"]
     processes = table["ranks"] or len(manifest["ranks"])
     st = os.stat(ckpt)
     workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
     (workdir / "errors").mkdir()
-    job = {"root": str(ckpt.parent.parent), "restore_path": str(ckpt),
+    job = {"root": None, "restore_path": str(ckpt),  # the set alone: no store around it
            "plan": p,  # the manifest's plan summary names the plan (plan_from)
            "passes": 0, "per_pass": 0, "retention": 0, "restore": True, "baseline": False,
            "baseline_bytes": 0, "chunk_size": manifest["chunk_size"],
@@ -338,7 +339,7 @@ def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> Check
         result = launch(job, processes, workdir, progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    result.update(per_pass=0, passes=0, store=str(ckpt.parent))
+    result.update(per_pass=0, passes=0, store=str(ckpt))
     return CheckpointOutcome(result, target=str(ckpt))
 
 
@@ -564,7 +565,8 @@ class CheckpointOutcome(ResultOutcome):
         if self["torch"]:
             out.append(f"torch.save + fsync: {doc['torch_save_bw_bytes'] / 1e9:.2f} GB/s, "
                        f"torch.load: {doc['torch_load_bw_bytes'] / 1e9:.2f} GB/s")
-        out.append(f"kept in {doc['store']}: {', '.join(doc['kept'])}")
+        if doc["kept"]:
+            out.append(f"kept in {doc['store']}: {', '.join(doc['kept'])}")
         if self["checkpoints"] and not self["restore"]:
             out.append(f"read it back (here or on another host) with: qual checkpoint "
                        f"--read-only {Path(doc['store']) / doc['kept'][-1]}")
@@ -683,6 +685,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
 FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
                 fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
                 remove=remove, plan=_plan, filesystem=True,
+                reads_from=lambda table: table.get("read_only"),
                 fit=lambda table, room, need: {"scale": table["scale"] * room / need * FIT_MARGIN},
                 flags=Flags(add=_flags, given=_given, defaults=_defaults, keep=lambda args: True,
                             dry_run=lambda args, table: _plan_document(table) if args.plan

@@ -26,7 +26,8 @@ from qual.engine import DataMismatch, QualError
 from qual.target import device_stat
 from qual.target.scratch import drop_cache
 from qual.workloads.checkpoint.plan import RankPlan, plan_from
-from qual.workloads.checkpoint.store import CheckpointStore, IncompleteCheckpoint, rank_file
+from qual.workloads.checkpoint.store import (CheckpointStore, IncompleteCheckpoint, load,
+                                             rank_file)
 
 TENSOR_ALIGN = 64  # every tensor starts on a 64-byte boundary in its file
 PAGE = 4096  # the pool is page-aligned; a tensor congruent with its file offset copies nothing
@@ -82,7 +83,8 @@ class Rank:
         engine.fill_random(self.src, (job["seed"] or 0) * 1_000_003 + rank)
         self.spans = [(off, self.src[pos:pos + t.nbytes])
                       for t, off, pos in zip(self.me.tensors, self.offsets, self.positions)]
-        self.store = CheckpointStore(job["root"])
+        # no store when a set is read back from wherever it lies (`restore_path`)
+        self.store = CheckpointStore(job["root"]) if job.get("root") else None
         self.dev = job.get("device")  # "major:minor" of the target's block device, or None
 
     # ---- helpers
@@ -165,7 +167,7 @@ class Rank:
                 if not done:
                     raise IncompleteCheckpoint(errno.ENODATA, "no committed checkpoint to restore",
                                                target=str(self.store.root))
-                found = {"path": str(done[-1]), "manifest": self.store.load(done[-1])}
+                found = {"path": str(done[-1]), "manifest": load(done[-1])}
             except (DataMismatch, IncompleteCheckpoint) as e:
                 found = {"error": str(e)}
         found = self.broadcast(found)
@@ -290,6 +292,9 @@ class Rank:
 
     def run(self) -> dict | None:
         job = self.job
+        if self.store is None:  # a set read back from wherever it lies: nothing written
+            restore = self.restore()
+            return self.results(restore=restore) if self.rank == 0 else None
         # rank 0 decides where numbering starts and how many checkpoints a pass holds: ranks
         # on other hosts may see the filesystem a moment later and count differently
         start, per_pass = self.broadcast((self.store.next_name(), job["per_pass"])
@@ -325,7 +330,8 @@ class Rank:
                 "pool_bytes": self.pool_bytes,
                 "data_period": self.pool_bytes if self.pool_bytes < self.image else None,
                 "checkpoints": list(checkpoints), "restore": restore, "torch": torch,
-                "mlperf": mlperf, "kept": [p.name for p in self.store.complete()]}
+                "mlperf": mlperf,
+                "kept": [p.name for p in self.store.complete()] if self.store else []}
 
 
 def _write_json(path: Path, doc: dict) -> None:

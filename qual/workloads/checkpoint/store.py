@@ -106,41 +106,6 @@ class CheckpointStore:
             return []
         return sorted(p for p in self.root.iterdir() if p.is_dir() and NAME.match(p.name))
 
-    def load(self, ckpt: Path) -> dict:
-        """The manifest of a committed checkpoint, checked: committed, not altered, every data
-        file present with the size the manifest gives."""
-        ckpt = Path(ckpt)
-        if ckpt.name.endswith(PARTIAL) or not NAME.match(ckpt.name):
-            raise IncompleteCheckpoint(errno.ENODATA, "was never committed (a .partial "
-                                       "directory): refusing to restore it", target=str(ckpt))
-        path = ckpt / MANIFEST
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise IncompleteCheckpoint(errno.ENODATA, "has no manifest: refusing to restore it",
-                                       target=str(ckpt)) from None
-        try:
-            manifest = json.loads(raw)
-        except ValueError as e:
-            raise DataMismatch(errno.EBADMSG, f"manifest is corrupt (not JSON: {e})",
-                               target=str(path)) from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise DataMismatch(errno.EBADMSG, "manifest is corrupt or not qual's (no qual-ckpt/1 "
-                               "format field): refusing to restore it", target=str(path))
-        if manifest.get("crc32c") != engine.crc32c(_canonical(manifest)):
-            raise DataMismatch(errno.EBADMSG, "manifest is corrupt: its CRC32C does not match "
-                               "its content", target=str(path))
-        for r in manifest["ranks"]:
-            data = ckpt / r["file"]
-            if not data.exists():
-                raise IncompleteCheckpoint(errno.ENOENT, f"{r['file']} is missing: the set is "
-                                           "incomplete, refusing to restore it", target=str(ckpt))
-            size = data.stat().st_size
-            if size != r["file_size"]:
-                raise DataMismatch(errno.EBADMSG, f"{r['file']} holds {size} bytes, the "
-                                   f"manifest says {r['file_size']}", target=str(ckpt))
-        return manifest
-
     # ---- removing what qual made
 
     def prune(self, keep: int) -> list[Path]:
@@ -172,3 +137,41 @@ class CheckpointStore:
             self.root.rmdir()
         except OSError:
             pass  # something qual did not make is inside: it stays
+
+
+def load(ckpt: str | Path) -> dict:
+    """The manifest of a committed checkpoint set, checked: committed, not altered, every data
+    file present with the size the manifest gives. A set travels (moved, renamed, copied to
+    another host): committed means its manifest is present and intact, whatever its folder is
+    called; only a folder still named `.partial` (a commit that never finished) is refused."""
+    ckpt = Path(ckpt)
+    if ckpt.name.endswith(PARTIAL):
+        raise IncompleteCheckpoint(errno.ENODATA, "was never committed (a .partial "
+                                   "directory): refusing to restore it", target=str(ckpt))
+    path = ckpt / MANIFEST
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise IncompleteCheckpoint(errno.ENODATA, "has no manifest: refusing to restore it",
+                                   target=str(ckpt)) from None
+    try:
+        manifest = json.loads(raw)
+    except ValueError as e:
+        raise DataMismatch(errno.EBADMSG, f"manifest is corrupt (not JSON: {e})",
+                           target=str(path)) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataMismatch(errno.EBADMSG, "manifest is corrupt or not qual's (no qual-ckpt/1 "
+                           "format field): refusing to restore it", target=str(path))
+    if manifest.get("crc32c") != engine.crc32c(_canonical(manifest)):
+        raise DataMismatch(errno.EBADMSG, "manifest is corrupt: its CRC32C does not match "
+                           "its content", target=str(path))
+    for r in manifest["ranks"]:
+        data = ckpt / r["file"]
+        if not data.exists():
+            raise IncompleteCheckpoint(errno.ENOENT, f"{r['file']} is missing: the set is "
+                                       "incomplete, refusing to restore it", target=str(ckpt))
+        size = data.stat().st_size
+        if size != r["file_size"]:
+            raise DataMismatch(errno.EBADMSG, f"{r['file']} holds {size} bytes, the "
+                               f"manifest says {r['file_size']}", target=str(ckpt))
+    return manifest

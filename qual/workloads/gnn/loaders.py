@@ -19,6 +19,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
@@ -404,14 +405,21 @@ class _GatherServer:
         self.rows_cap, self.rows = 0, store.rows
         self.shm_rows = self.shm_out = None
         procs = str(self.cgroup / "cgroup.procs")
+        # its stderr is a file of its own, not the user's: a server stuck on storage that
+        # stopped answering cannot exit, and would hold the user's pipe open (ARCHITECTURE §4)
+        errors = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "qual.workloads.gnn.mmap_server", str(store.path),
              str(store.rows), str(store.row_stride), str(store.row_bytes), str(FEATURE_DIM)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
             preexec_fn=lambda: Path(procs).write_text(str(os.getpid())))
         if self.proc.stdout.readline().strip() != b"ready":
             self.close()
-            raise OSError(errno.EIO, "the gather server did not start")
+            errors.seek(0)
+            said = errors.read().decode(errors="replace").strip().splitlines()
+            raise OSError(errno.EIO, "the gather server did not start" +
+                          (f": {said[-1]}" if said else ""))
+        errors.close()
         store.drop_cache()  # cached pages are charged elsewhere: the server starts cold
         self.base = int((self.cgroup / usage_file).read_text())
         self.limit = self.base + budget
