@@ -13,7 +13,7 @@ the server under a network or object-store mount) does when it fails:
   unreadable range: the medium error a drive returns), writes succeed;
 - `--fsync-delay S`: every fsync/fdatasync of a file takes S seconds longer (a drive whose cache
   flush is slow), so a timing that includes the flush shows it;
-- `--log PATH`: one line per request ("OPCODE path"), flushed as it is answered, for tests that
+- `--log PATH`: one line per request ("OPCODE path errno"; a rename's path is "old -> new"), flushed as it is answered, for tests that
   check the order in which a writer made things durable.
 
 Run as root: `python3 stallfs.py MOUNTPOINT BACKING [options]`; it prints "ready" once mounted and
@@ -285,8 +285,13 @@ class Server:
             if out is None:
                 continue
             if self.log:
-                name = body.split(b"\0", 1)[0] if op in ("LOOKUP", "UNLINK", "RMDIR") else b""
-                where = self.fs.paths.get(node, "?") + (f"/{name.decode()}" if name else "")
+                where = self.fs.paths.get(node, "?")
+                if op in ("LOOKUP", "UNLINK", "RMDIR"):
+                    where = self.fs.rel(node, body.split(b"\0", 1)[0])
+                elif op == "RENAME":  # "old -> new", each a path from the root
+                    (newdir,) = struct.unpack_from("<Q", body)
+                    old, new = body[8:].split(b"\0")[:2]
+                    where = f"{self.fs.rel(node, old)} -> {self.fs.rel(newdir, new)}"
                 self.log.write(f"{op} {where} {err}\n")
                 self.log.flush()
             self.answered += 1

@@ -19,7 +19,7 @@ import pytest
 
 from qual.engine import Fault, IoJob, QualError, Stalled, run_job
 
-from testbed import IS_ROOT, time_limit, write_pattern_file
+from testbed import time_limit, write_pattern_file
 
 BACKENDS = ["io_uring", "psync"]
 MiB = 1 << 20

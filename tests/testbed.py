@@ -216,8 +216,10 @@ class Misbehaving:
         return float(line.split()[1])
 
     def requests(self) -> list[tuple[str, str]]:
-        """(operation, path) of every request answered, in order."""
-        return [tuple(line.split()[:2]) for line in self.log.read_text().splitlines()]
+        """(operation, path) of every request answered, in order; a rename's path is
+        "old -> new"."""
+        return [tuple(line.rsplit(" ", 1)[0].split(" ", 1))
+                for line in self.log.read_text().splitlines()]
 
     def close(self) -> None:
         self.daemon.kill()  # the connection aborts: requests still waiting fail
