@@ -9,6 +9,11 @@ from __future__ import annotations
 import errno as errno_mod
 
 
+def errno_name(err: int) -> str:
+    """EIO for 5: the name the kernel's headers give an errno."""
+    return errno_mod.errorcode.get(err, str(err))
+
+
 class QualError(Exception):
     """An engine or target failure: errno, what was being done, where, and on what."""
 
@@ -27,7 +32,7 @@ class QualError(Exception):
             where.append(str(self.target))
         if self.op:
             where.append(self.op if self.offset is None else f"{self.op} at offset {self.offset}")
-        name = errno_mod.errorcode.get(self.errno, str(self.errno))
+        name = errno_name(self.errno)
         prefix = ": ".join(where)
         return f"{prefix}: {self.message} [{name}]" if prefix else f"{self.message} [{name}]"
 

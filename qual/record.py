@@ -410,4 +410,6 @@ def summarize(tests: list[dict], profile) -> dict:
         "not_judged": not_judged,
         "caveats": sorted({c for v in verdicts for c in v.get("caveats", ())}),
         "unverified": [u for t in tests for u in t.get("unverified", [])],
+        "device_errors": [{"test": t["nodeid"], **t["device_error"]} for t in tests
+                          if t.get("device_error")],
     }

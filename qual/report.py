@@ -232,6 +232,11 @@ def summary_rows(record: dict) -> dict[str, list[tuple[str, ...]]]:
                 "REGRESSED" if not r["passed"] else "IMPROVED" if r["improved"] else
                 "INCONCLUSIVE" if r.get("inconclusive") else "PASS",
                 f"tolerance {r['tolerance'] * 100:g} %"))
+    for found in record["summary"].get("device_errors", []):  # the drive's own answer
+        where = f"{found['op']} at offset {found['offset']}" if found["op"] else ""
+        tables.setdefault("device errors", []).append(
+            (found["test"].split("::")[-1], where, "", "", f"DEVICE ERROR {found['errno']}",
+             str(found["target"] or "")))
     unverified = {u.split(":", 1)[0]: u.split(":", 1)[1].strip()
                   for u in record["summary"].get("unverified", [])}
     for missing in record["summary"].get("not_judged", []):

@@ -76,7 +76,8 @@ def test_one_flipped_byte_is_a_corrupted_block_named_by_offset(tmp_path):
     write(path, 1)
     flip_byte(path, 17 * BS + 4000, 0x01)
     c = check(path, 1)
-    assert c.counts == {"corrupted": 1, "foreign": 0, "misdirected": 0, "stale": 0}
+    assert c.counts == {"corrupted": 1, "foreign": 0, "misdirected": 0, "stale": 0,
+                        "unreadable": 0}
     (bad,) = c.bad
     assert bad.offset == 17 * BS and bad.kind == "corrupted"
     assert bad.describe().startswith(f"offset {17 * BS}: corrupted")
@@ -116,21 +117,42 @@ def test_another_runs_blocks_are_foreign_and_the_report_is_capped(tmp_path, rand
     assert [b.offset for b in c.bad] == [i * BS for i in range(5)]
 
 
-@pytest.mark.parametrize("op", ["read", "write"])
-def test_an_injected_eio_names_target_op_and_offset(tmp_path, op):
+def test_an_injected_write_eio_names_target_op_and_offset(tmp_path):
     path = region(tmp_path)
     write(path, 1)
-    fault = Fault(op=op, error=errno.EIO, offset_lo=20 * BS, offset_hi=21 * BS)
+    fault = Fault(op="write", error=errno.EIO, offset_lo=20 * BS, offset_hi=21 * BS)
     with pytest.raises(engine.DeviceIoError) as e:
-        (check if op == "read" else write)(path, 1, faults=(fault,))
-    assert e.value.target == path and e.value.op == op and f"offset {20 * BS}" in str(e.value)
+        write(path, 1, faults=(fault,))
+    assert e.value.target == path and e.value.op == "write" and f"offset {20 * BS}" in str(e.value)
 
 
-def test_a_short_read_is_an_error_not_a_verdict(tmp_path):
+@pytest.mark.parametrize("fault, errno_name", [
+    (Fault(op="read", error=errno.EIO, offset_lo=20 * BS, offset_hi=21 * BS), "EIO"),
+    (Fault(op="read", error=errno.ENODATA, offset_lo=20 * BS, offset_hi=21 * BS), "ENODATA"),
+    (Fault(op="read", short_bytes=4096, offset_lo=20 * BS, offset_hi=21 * BS), "EIO"),
+])
+def test_a_block_the_drive_cannot_read_is_named_and_the_check_goes_on(tmp_path, fault,
+                                                                      errno_name):
+    """A medium error (EIO, ENODATA) or a short read is the drive's answer for that block: an
+    unreadable block, named by offset and errno, and every other block is still checked."""
     path = region(tmp_path)
     write(path, 1)
-    with pytest.raises(engine.DeviceIoError, match="short read"):
-        check(path, 1, faults=(Fault(op="read", short_bytes=4096, offset_lo=3 * BS),))
+    c = check(path, 1, faults=(fault,))
+    assert c.counts["unreadable"] == c.bad_blocks == 1 and c.blocks == SIZE // BS
+    (bad,) = c.bad
+    assert bad.offset == 20 * BS and bad.kind == "unreadable"
+    assert bad.describe().startswith(f"offset {20 * BS}: unreadable: the drive answered its "
+                                     f"read with {errno_name}")
+    assert c.bytes == SIZE - BS  # verified: every block but that one
+
+
+def test_a_read_error_that_is_not_the_drives_answer_is_an_error(tmp_path):
+    path = region(tmp_path)
+    write(path, 1)
+    with pytest.raises(engine.QualError) as e:
+        check(path, 1, faults=(Fault(op="read", error=errno.EINVAL, offset_lo=3 * BS,
+                                     offset_hi=4 * BS),))
+    assert e.value.errno == errno.EINVAL and f"offset {3 * BS}" in str(e.value)
 
 
 def test_bad_parameters_are_refused_before_any_io(tmp_path):

@@ -347,13 +347,16 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
  * (every block once), and makes them durable; a read pass reads them back and classifies each:
  * good, corrupted (its bytes fail their CRC, or no header), foreign (another run's seed),
  * misdirected (a good block that names another offset), or stale (this block from an older
- * sequence: a lost write). The max_report bad blocks at the lowest offsets are described in
- * `bad`, in offset order (whatever order the reads completed in). */
+ * sequence: a lost write), or unreadable (the drive answered its read with a medium error —
+ * EIO, ENODATA, EILSEQ, EBADMSG — or fewer bytes: a finding, and the check goes on). The
+ * max_report bad blocks at the lowest offsets are described in `bad`, in offset order
+ * (whatever order the reads completed in). */
 enum qual_verdict_kind {
     QUAL_BLOCK_CORRUPTED = 1,
     QUAL_BLOCK_FOREIGN = 2,
     QUAL_BLOCK_MISDIRECTED = 3,
     QUAL_BLOCK_STALE = 4,
+    QUAL_BLOCK_UNREADABLE = 5,
 };
 
 struct qual_verify_opts {
@@ -379,6 +382,7 @@ struct qual_bad_block {
     uint64_t found_offset;    /* what its header says (corrupted: 0) */
     uint64_t found_seed;
     uint64_t found_seq;
+    int error;                /* unreadable: the read's negative errno (short: -EIO) */
 };
 
 struct qual_verify_result {
@@ -386,7 +390,7 @@ struct qual_verify_result {
     uint64_t blocks;          /* written or checked */
     uint64_t bytes;
     uint64_t elapsed_ns;      /* write: the fdatasync included */
-    uint64_t corrupted, foreign, misdirected, stale;
+    uint64_t corrupted, foreign, misdirected, stale, unreadable;
     uint32_t reported;        /* entries filled in bad */
 };
 

@@ -1,5 +1,5 @@
 /* verify.c — data integrity: self-describing verification blocks written over a region and read
- * back, each classified as good, corrupted, foreign, misdirected or stale (fio's verify with
+ * back, each classified as good, corrupted, foreign, misdirected, stale or unreadable (fio's verify with
  * header fields, after its verify_header: magic, CRC, offset, seed, sequence). One ring keeps
  * queue_depth blocks in flight; psync does one at a time. */
 #include <errno.h>
@@ -166,6 +166,16 @@ static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got
     const struct qual_verify_opts *o = ps->o;
     const int op = o->op;
     const char *what = op == QUAL_OP_WRITE ? "writing" : "reading";
+    struct qual_verify_result *res = ps->res;
+    if (op == QUAL_OP_READ && (got == -EIO || got == -ENODATA || got == -EILSEQ ||
+                               got == -EBADMSG || (got >= 0 && (uint64_t)got < o->block_size))) {
+        /* the drive's answer for this block: counted and named, and the check goes on */
+        res->blocks++;
+        res->unreadable++;
+        report(ps, (struct qual_bad_block){off, QUAL_BLOCK_UNREADABLE, 0, 0, 0,
+                                           got < 0 ? (int)got : -EIO});
+        return 0;
+    }
     if (got < 0)
         return qual_set_error((int)got, "%s %u bytes at offset %llu of %s: %s", what,
                               o->block_size, (unsigned long long)off, ps->path,
@@ -174,7 +184,6 @@ static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got
         return qual_set_error(-EIO, "%s %u bytes at offset %llu of %s: short %s (%lld)", what,
                               o->block_size, (unsigned long long)off, ps->path,
                               op == QUAL_OP_WRITE ? "write" : "read", (long long)got);
-    struct qual_verify_result *res = ps->res;
     res->blocks++;
     res->bytes += o->block_size;
     if (op == QUAL_OP_READ) {
@@ -184,7 +193,7 @@ static int finish(struct pass *ps, unsigned char *buf, uint64_t off, int64_t got
             uint64_t *count[] = {NULL, &res->corrupted, &res->foreign, &res->misdirected,
                                  &res->stale};
             (*count[kind])++;
-            report(ps, (struct qual_bad_block){off, kind, h.offset, h.seed, h.seq});
+            report(ps, (struct qual_bad_block){off, kind, h.offset, h.seed, h.seq, 0});
         }
     }
     return 0;

@@ -13,7 +13,7 @@ from qual.engine._binding import ffi, lib
 from qual.errors import InvalidJob
 from qual.engine.job import Fault
 
-BLOCK_KINDS = {1: "corrupted", 2: "foreign", 3: "misdirected", 4: "stale"}
+BLOCK_KINDS = {1: "corrupted", 2: "foreign", 3: "misdirected", 4: "stale", 5: "unreadable"}
 
 
 @dataclass(frozen=True)
@@ -21,13 +21,17 @@ class BadBlock:
     """A verification block that did not read back as written (struct qual_bad_block)."""
 
     offset: int
-    kind: str           # corrupted | foreign | misdirected | stale
-    found_offset: int   # what its header says (corrupted: nothing to say, 0)
+    kind: str           # corrupted | foreign | misdirected | stale | unreadable
+    found_offset: int   # what its header says (corrupted, unreadable: nothing to say, 0)
     found_seed: int
     found_seq: int
+    error: int = 0      # unreadable: the errno the drive answered the read with
 
     def describe(self) -> str:
-        what = {"corrupted": "its bytes fail their CRC32C (or carry no header)",
+        what = {"unreadable": f"the drive answered its read with "
+                              f"{errno_mod.errorcode.get(self.error, self.error)} "
+                              f"({os.strerror(self.error)})",
+                "corrupted": "its bytes fail their CRC32C (or carry no header)",
                 "foreign": f"it belongs to another run (seed {self.found_seed})",
                 "misdirected": f"it holds the block written for offset {self.found_offset}",
                 "stale": f"it is from an older write (sequence {self.found_seq})"}[self.kind]
@@ -86,9 +90,10 @@ def verify_blocks(path: str, *, op: str, block_size: int, queue_depth: int, offs
         op=op, backend=BACKEND_NAME[res.backend], blocks=int(res.blocks), bytes=int(res.bytes),
         elapsed=res.elapsed_ns / 1e9,
         counts={"corrupted": int(res.corrupted), "foreign": int(res.foreign),
-                "misdirected": int(res.misdirected), "stale": int(res.stale)},
+                "misdirected": int(res.misdirected), "stale": int(res.stale),
+                "unreadable": int(res.unreadable)},
         bad=tuple(BadBlock(int(b.offset), BLOCK_KINDS[b.kind], int(b.found_offset),
-                           int(b.found_seed), int(b.found_seq))
+                           int(b.found_seed), int(b.found_seq), -int(b.error))
                   for b in bad[0:res.reported]))
 
 

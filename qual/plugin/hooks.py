@@ -4,8 +4,11 @@ state; the recorder (qual.plugin.recorder) judges.
 
 A test records measurements through the `record` fixture and never asserts: once its body
 returns, the plugin judges every measurement against the profile (and the baseline), records
-them all, and fails the test once, with the first failing verdict on the first line. An engine
-error raised by the body is left alone, so Allure shows it as broken, not failed.
+them all, and fails the test once, with the first failing verdict on the first line. An error
+the drive returned (EIO, a short transfer, wrong data: DeviceIoError) is a qualification result:
+the test fails naming the operation, the offset and the errno, and the record counts it. Any
+other error raised by the body (a stall included) is left alone, so Allure shows it as broken,
+not failed.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ import allure
 import pytest
 
 from qual import thresholds
+from qual.errors import DeviceIoError, Stalled, errno_name
 from qual.plugin.recorder import Recorder
-from qual.plugin.session import (DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY, STATUS,
-                                 TARGET_INFO, WHERE, QualSession, qual_session)
+from qual.plugin.session import (DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY,
+                                 STATUS, TARGET_INFO, WHERE, QualSession, qual_session)
 from qual.record import Measurement
 from qual.target import DEFAULT_TARGET
 from qual.workloads import health
 
 RECORDER_KEY = pytest.StashKey["Recorder"]()
+DEVICE_ERROR_KEY = pytest.StashKey[dict]()
 
 
 def _family_of(node) -> str | None:
@@ -201,7 +206,15 @@ def pytest_runtest_call(item):
     rec = item.stash.get(RECORDER_KEY, None)
     if rec is not None:
         _label(rec)
-    result = yield
+    try:
+        result = yield
+    except DeviceIoError as e:
+        if isinstance(e, Stalled) or rec is None:
+            raise
+        # the drive's answer, not qual's failure: the test fails with it (it is not broken)
+        item.stash[DEVICE_ERROR_KEY] = {"op": e.op, "offset": e.offset, "target": e.target,
+                                        "errno": errno_name(e.errno), "message": str(e)}
+        raise pytest.fail.Exception(f"the drive returned an error: {e}", pytrace=False) from e
     if rec is not None:
         rec.finish()
     return result
@@ -220,6 +233,8 @@ def pytest_runtest_makereport(item, call):
             judged = rep.when == "call" and exc is not None and \
                 (exc.errisinstance(AssertionError) or exc.errisinstance(pytest.fail.Exception))
             extra.append((STATUS, "failed" if judged else "broken"))
+        if rep.when == "call" and DEVICE_ERROR_KEY in item.stash:
+            extra.append((DEVICE_ERROR, item.stash[DEVICE_ERROR_KEY]))
         info = session.target_info(spec)
         if info:
             extra.append((TARGET_INFO, info))

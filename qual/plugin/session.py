@@ -27,8 +27,8 @@ from qual.workloads import registry
 
 SESSION_KEY = pytest.StashKey["QualSession"]()
 # keys of report.user_properties: how a worker's results reach the controller under xdist
-STATUS, QUAL_TEST, TARGET_INFO, DRIVE, WHERE = ("qual_status", "qual_test", "qual_target",
-                                              "qual_drive", "qual_where")
+STATUS, QUAL_TEST, TARGET_INFO, DRIVE, WHERE, DEVICE_ERROR = (
+    "qual_status", "qual_test", "qual_target", "qual_drive", "qual_where", "qual_device_error")
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 EXIT_REFUSED = 4  # the plan refused the run: nothing was written
@@ -411,6 +411,8 @@ class QualSession:
             entry["where"] = props[WHERE]
         if PAYLOAD in props and report.when == "call":
             entry.update(props[PAYLOAD])
+        if DEVICE_ERROR in props:
+            entry["device_error"] = props[DEVICE_ERROR]
         if report.failed and entry["outcome"] != "failed":
             entry["outcome"] = props.get(STATUS, "broken")
             entry["message"] = _short_message(report)

@@ -1,7 +1,7 @@
 """Data integrity: verification blocks (offset, run seed, sequence, CRC32C in every block) laid
 over the profile's region in sequential or random order, overwritten by a newer generation,
-then read back and checked, so corrupted, stale (lost write) and misdirected blocks are found
-and named. Writes go through the target's guard (docs/ARCHITECTURE.md §4)."""
+then read back and checked, so corrupted, stale (lost write), misdirected and unreadable
+(a medium error) blocks are found and named. Writes go through the target's guard (docs/ARCHITECTURE.md §4)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _PATTERN = Param("pattern", "name")
 METRICS = {m.name: m for m in (
     Metric("integrity_bad_blocks", "count", "lower", (_PATTERN,),
            "blocks that did not read back as last written: corrupted, foreign, misdirected, "
-           "stale"),
+           "stale, or unreadable (the drive answered the read with an error)"),
     Metric("integrity_verified", "size", "higher", (_PATTERN,), "bytes read back and checked"),
     Metric("integrity_write_bw", "bandwidth", "higher", (_PATTERN,),
            "verification blocks written per second, durable"),
