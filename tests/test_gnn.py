@@ -216,14 +216,38 @@ def test_cache_counters_add_up(data):
     cache.close()
 
 
-def small_cache(tmp_path, *, queue_depth: int, max_coalesce: int):
-    """A store of 64 random 4 KiB rows, its bytes, and a cache of 16 pages over it."""
+def small_cache(tmp_path, *, queue_depth: int, max_coalesce: int, capacity_pages: int = 16):
+    """A store of 64 random 4 KiB rows, its bytes, and a cache (16 pages) over it."""
     path = tmp_path / "features.bin"
     rows_bytes = np.random.default_rng(0).integers(0, 256, (64, 4096), dtype=np.uint8)
     path.write_bytes(rows_bytes.tobytes())
-    cache = FeatureCache(str(path), rows=64, row_bytes=4096, row_stride=4096, capacity_pages=16,
-                         queue_depth=queue_depth, max_coalesce=max_coalesce, direct=False)
+    cache = FeatureCache(str(path), rows=64, row_bytes=4096, row_stride=4096,
+                         capacity_pages=capacity_pages, queue_depth=queue_depth,
+                         max_coalesce=max_coalesce, direct=False)
     return path, rows_bytes, cache
+
+
+@pytest.mark.parametrize("max_coalesce, runs", [
+    (16, [[0, 1, 2], [5], [9, 10], list(range(20, 28)), [40]]),
+    (4, [[0, 1, 2], [5], [9, 10], [20, 21, 22, 23], [24, 25, 26, 27], [40]]),
+    (1, [[page] for page in (0, 1, 2, 5, 9, 10, *range(20, 28), 40)]),
+])
+def test_adjacent_missing_pages_are_read_in_one_request(tmp_path, max_coalesce, runs):
+    """Rows asked for in any order, repeats included: every run of adjacent missing pages is
+    one read, up to max_coalesce pages, so the device sees one request per run."""
+    _, rows_bytes, cache = small_cache(tmp_path, queue_depth=8, max_coalesce=max_coalesce,
+                                       capacity_pages=64)
+    pages = [p for run in runs for p in run]
+    want = np.random.default_rng(3).permutation(pages + pages[::3])
+    out = np.empty((len(want), 4096), np.uint8)
+    try:
+        cache.gather(want, out)
+        assert np.array_equal(out, rows_bytes[want])
+        st = cache.stats()
+        assert st.misses == len(pages) and st.read_bytes == len(pages) * 4096
+        assert st.reads == len(runs), f"{st.reads} reads for {len(runs)} runs"
+    finally:
+        cache.close()
 
 
 def test_a_gather_far_bigger_than_the_cache_streams_every_row_through_it(tmp_path):
