@@ -69,7 +69,8 @@ NOT_STORAGE = ("pipe:", "socket:", "anon_inode:[eventfd]", "anon_inode:[eventpol
 
 @dataclass(frozen=True)
 class Stall:
-    """A thread that sat in one system call on storage for `age` seconds."""
+    """A thread that sat in one system call on storage for `age` seconds; `cause`: the engine's
+    own stall error that came first, where one did (storage_stalled)."""
 
     pid: int
     tid: int
@@ -78,12 +79,14 @@ class Stall:
     offset: int | None
     age: float
     limit: float
+    cause: str | None = None
 
     def __str__(self) -> str:
         where = f" on {self.file}" if self.file else ""
         at = f" at offset {self.offset}" if self.offset is not None else ""
         who = "" if self.pid == os.getpid() else f" (process {self.pid})"
-        return (f"{self.call}{where}{at} has not returned for {self.age:.1f} s{who}: the "
+        first = f"{self.cause}; then " if self.cause else ""
+        return (f"{first}{self.call}{where}{at} has not returned for {self.age:.1f} s{who}: the "
                 f"storage stopped answering (command timeout {self.limit - SLACK_S:g} s)")
 
 
@@ -168,12 +171,29 @@ def _storage_call(pid: int, line: str, files: dict,
     return call, ("io_uring submission or completion" if "io_uring" in file else file), offset
 
 
+_RUNNING: set["Watchdog"] = set()
+
+
+def storage_stalled(cause: str, target: str | None) -> None:
+    """The engine found an I/O the storage never completed (`cause`, its error, on `target`):
+    the command timeout has been spent once. Every running watchdog now allows any further call
+    on that file, or by path (an unlink, a stat: which file is not known), only SLACK_S, so
+    that a cleanup that blocks on the same dead storage ends the command at once rather than
+    after a second command timeout; its Stall names the cause first. Calls on other files (a
+    second drive's flush) keep the whole limit."""
+    for dog in list(_RUNNING):
+        dog.stalled.add(os.path.abspath(target) if target else None)  # no realpath: it stats
+        dog.cause = dog.cause or cause
+
+
 class Watchdog:
     """Watches this process and its descendants for a thread stuck on storage longer than
     `limit` seconds; calls `on_stall(stall)` once, from its own thread."""
 
     def __init__(self, limit: float, on_stall: Callable[[Stall], None]):
         self.limit = limit
+        self.stalled: set[str | None] = set()  # files the engine found stalled (None: any)
+        self.cause: str | None = None
         self.on_stall = on_stall
         self._seen: dict[tuple[int, int], tuple[str, int, float]] = {}
         self._files: dict[tuple[int, int], str] = {}
@@ -182,10 +202,12 @@ class Watchdog:
         self.fired: Stall | None = None
 
     def start(self) -> "Watchdog":
+        _RUNNING.add(self)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        _RUNNING.discard(self)
         self._stop.set()
 
     def __enter__(self) -> "Watchdog":
@@ -213,12 +235,21 @@ class Watchdog:
                 since = before[2] if before and before[:2] == (line, switches) else now
                 seen[(pid, tid)] = (line, switches, since)
                 what = _storage_call(pid, line, self._files, state)  # every time: learns fds
-                if now - since <= self.limit:
+                if now - since <= self._limit_for(what):
                     continue
                 if what and (worst is None or now - since > worst.age):
-                    worst = Stall(pid, tid, *what, age=now - since, limit=self.limit)
+                    worst = Stall(pid, tid, *what, age=now - since, limit=self.limit,
+                                  cause=self.cause)
         self._seen = seen
         return worst
+
+    def _limit_for(self, what) -> float:
+        """How long this call may sit: SLACK_S once the engine found its file stalled (or for a
+        call whose file is not known, after any stall), else the limit."""
+        if self.stalled and what and (what[1] is None or what[1] in self.stalled or
+                                      not what[1].startswith("/")):
+            return SLACK_S
+        return self.limit
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -250,7 +281,7 @@ def kill_descendants() -> None:
 # ------------------------------------------------------------------ the supervisor
 
 _REPORT_FD: int | None = None  # in a supervised child: where it says its exit status
-REAP_S = 3.0  # how long the supervisor waits for a child that said it is done
+REAP_S = 0.5  # how long the supervisor waits for a child that said it is done to finish exiting
 
 
 def supervised(main: Callable[[], int]) -> int:

@@ -15,8 +15,7 @@ int qual_fcache_close(struct qual_fcache *c)
         return 0;
     int wedged = c->q && ioq_wedged(c->q);
     ioq_close(c->q);
-    if (c->fd >= 0)
-        close(c->fd);
+    ioq_close_target(c->fd, wedged);
     if (wedged)
         return 0; /* the kernel still reads into the cache's memory: leave all of it be */
     free(c->path);

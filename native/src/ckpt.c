@@ -299,7 +299,7 @@ static int run(const struct qual_ckpt_file *f, struct qual_ctl *ctl,
             fail(&c, -errno, op, 0, "fdatasync %s: %s", f->path, strerror(errno));
         res->sync_ns = now_ns() - ts;
     }
-    close(c.fd);
+    ioq_close_target(c.fd, res->error == -ETIMEDOUT);
     res->elapsed_ns = now_ns() - t0;
     process_cpu(&u1, &s1);
     res->cpu_user_s = u1 - u0;

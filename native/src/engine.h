@@ -137,6 +137,10 @@ int ioq_run_once(const struct ioq_opts *o, const struct ioq_client *c);
 void ioq_close(struct ioq *q);
 /* 1 when a stall or cancel left I/Os with the kernel: their memory must not be freed. */
 int ioq_wedged(const struct ioq *q);
+/* Close a target's descriptor, unless its storage stalled: that close would wait on the same
+ * storage (a FUSE flush, an NFS commit) and hold the caller past every bound; the descriptor
+ * is left to the process's exit instead (docs/ARCHITECTURE.md §4, "A watchdog"). */
+void ioq_close_target(int fd, int stalled);
 
 /* ---- backends: leaves of the queue */
 struct ioq_backend {

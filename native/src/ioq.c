@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "engine.h"
 
@@ -129,6 +130,12 @@ void ioq_set_deadline(struct ioq *q, uint64_t deadline_ns)
 void ioq_set_cancel(struct ioq *q, const int *cancel)
 {
     q->o.cancel = cancel;
+}
+
+void ioq_close_target(int fd, int stalled)
+{
+    if (fd >= 0 && !stalled)
+        close(fd);
 }
 
 void ioq_close(struct ioq *q)

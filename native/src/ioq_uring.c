@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -25,6 +27,7 @@
 struct ring {
     int fd;
     int target_fd;
+    int force_async;          /* IOSQE_ASYNC on every I/O: the target cannot issue without blocking */
     int fixed_file;
     int fixed_bufs;
     unsigned char *bufs;      /* the queue's buffers, or the client's memory (registered when */
@@ -169,6 +172,32 @@ static void uring_close(void *state, int wedged)
     free(r);
 }
 
+/* Whether the kernel can issue an I/O on fd without blocking the submitter (FMODE_NOWAIT, which
+ * user space cannot read): block devices and the local filesystems that support it. On any
+ * other (FUSE, NFS, overlay …) io_uring issues a read inline in io_uring_enter, and a target
+ * that stops answering holds the submitting thread there, where the queue's stall clock never
+ * runs; forced-async issue hands each I/O to the kernel's io-wq workers instead, and the
+ * queue's own stall error names the I/O (docs/ARCHITECTURE.md §4, "A watchdog"). */
+static int issues_without_blocking(int fd)
+{
+    struct stat st;
+    struct statfs fs;
+    if (fd < 0 || fstat(fd, &st) != 0 || fstatfs(fd, &fs) != 0)
+        return 1; /* nothing to ask: as before */
+    if (S_ISBLK(st.st_mode))
+        return 1;
+    switch ((unsigned long)fs.f_type) {
+    case 0xEF53:      /* ext2/3/4 */
+    case 0x58465342:  /* xfs */
+    case 0x9123683E:  /* btrfs */
+    case 0xF2F52010:  /* f2fs */
+    case 0x01021994:  /* tmpfs */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static int uring_open(struct ioq *q, void **state)
 {
     const struct ioq_opts *o = ioq_opts_of(q);
@@ -177,6 +206,7 @@ static int uring_open(struct ioq *q, void **state)
         return qual_set_error(-ENOMEM, "cannot allocate a ring");
     r->fd = -1;
     r->target_fd = o->fd;
+    r->force_async = !issues_without_blocking(o->fd);
     r->buf_len = o->buf_len;
     r->bufs = ioq_bufs(q, &r->bufs_len);
     if (!r->bufs && o->client_mem) { /* in units the kernel takes (1 GiB a buffer at most) */
@@ -229,6 +259,7 @@ static int uring_set_fd(void *state, int fd)
         r->fixed_file = 1;
     }
     r->target_fd = fd;
+    r->force_async = !issues_without_blocking(fd);
     return 0;
 }
 
@@ -262,6 +293,8 @@ static void uring_queue(void *state, struct ioq_io *io)
     } else {
         sqe->fd = r->target_fd;
     }
+    if (r->force_async)
+        sqe->flags |= IOSQE_ASYNC;
     sqe->off = io->off;
     sqe->user_data = io->slot;
     r->sq_local_tail++;

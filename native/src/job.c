@@ -419,8 +419,7 @@ out:
     if (workers) {
         for (uint32_t i = 0; i < job->workers; i++) {
             ioq_close(workers[i].q);
-            if (workers[i].fd >= 0)
-                close(workers[i].fd);
+            ioq_close_target(workers[i].fd, workers[i].wedged || rc == -ETIMEDOUT);
         }
     }
     free(workers);

@@ -153,7 +153,7 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
             rc = r->err;
         *bytes = r->bytes;
     }
-    close(fd);
+    ioq_close_target(fd, rc == -ETIMEDOUT);
     if (!rc) {
         __atomic_add_fetch(&ctl->bytes_done, *bytes, __ATOMIC_RELAXED);
         __atomic_add_fetch(&ctl->ops_done, 1, __ATOMIC_RELAXED);

@@ -275,7 +275,7 @@ int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct q
     if (!rc && o->op == QUAL_OP_WRITE && fdatasync(fd))
         rc = qual_set_error(-errno, "fdatasync %s: %s", path, strerror(errno));
     res->elapsed_ns = now_ns() - t0;
-    close(fd);
+    ioq_close_target(fd, rc == -ETIMEDOUT);
     if (res->reported)
         qsort(bad, res->reported, sizeof(*bad), by_offset);
     return rc;

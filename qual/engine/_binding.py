@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 
 from qual._native import ffi, lib
-from qual.errors import EngineStuck, error_for
+from qual import watchdog
+from qual.errors import EngineStuck, QualError, Stalled, error_for
 
 OPS = ("read", "write")  # an I/O's direction
 JOB_OPS = (*OPS, "mixed")  # a job's: "mixed" reads and writes (fio's randrw, rw)
@@ -35,12 +36,22 @@ BACKEND_CODE = {
 BACKEND_NAME = {code: name for name, code in BACKEND_CODE.items()}
 
 
+def engine_error(err: int, message: str, **where) -> QualError:
+    """The QualError for an engine failure. A stall (an I/O the device never completed) also
+    tells the watchdog: whatever touches that storage afterwards (a close, the cleanup) gets
+    no second command timeout (docs/ARCHITECTURE.md §4, "A watchdog")."""
+    error = error_for(err)(err, message or os.strerror(err), **where)
+    if isinstance(error, Stalled):
+        watchdog.storage_stalled(str(error), where.get("target"))
+    return error
+
+
 def check(rc: int, *, op: str | None = None, target: str | None = None,
           offset: int | None = None) -> None:
     """Raise the QualError for a negative engine return code, with the engine's context."""
     if rc < 0:
-        message = ffi.string(lib.qual_last_error()).decode(errors="replace") or os.strerror(-rc)
-        raise error_for(-rc)(-rc, message, op=op, offset=offset, target=target)
+        message = ffi.string(lib.qual_last_error()).decode(errors="replace")
+        raise engine_error(-rc, message, op=op, offset=offset, target=target)
 
 
 Progress = Callable[[int, int, float], None]
@@ -134,15 +145,15 @@ def check_outcome(outcome: tuple[int, str], **where) -> None:
     """check() for a call made through long_call (its context comes from the worker thread)."""
     rc, message = outcome
     if rc < 0:
-        raise error_for(-rc)(-rc, message or os.strerror(-rc), **where)
+        raise engine_error(-rc, message, **where)
 
 
 def raise_result(res, target: str, default_op: str | None) -> None:
     if res.error:
         op = OPS[res.error_op] if res.error_op >= 0 else default_op
         offset = int(res.error_offset) if res.error_op >= 0 else None
-        raise error_for(-res.error)(-res.error, ffi.string(res.error_msg).decode(errors="replace"),
-                                    op=op, offset=offset, target=target)
+        raise engine_error(-res.error, ffi.string(res.error_msg).decode(errors="replace"),
+                           op=op, offset=offset, target=target)
 
 
 def fill_faults(cfaults, faults) -> None:

@@ -209,6 +209,8 @@ def pytest_runtest_call(item):
     try:
         result = yield
     except DeviceIoError as e:
+        if isinstance(e, Stalled) and rec is not None:
+            qual_session(item.config).engine_stalled(item, e)  # ends the run, where it can
         if isinstance(e, Stalled) or rec is None:
             raise
         # the drive's answer, not qual's failure: the test fails with it (it is not broken)

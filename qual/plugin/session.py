@@ -54,6 +54,7 @@ class QualSession:
         self.config = config
         opt = config.option
         self.controller = not hasattr(config, "workerinput")
+        self.watchdog: watchdog.Watchdog | None = None  # one process, from the first test on
         try:
             self.families = registry()
             self.profile = thresholds.load_profile(opt.qual_profile, self.families)
@@ -324,11 +325,20 @@ class QualSession:
         self.config.add_cleanup(self.watchdog.stop)
 
     def _stalled(self, stall: watchdog.Stall) -> None:
-        """On the watchdog's thread, while the test's own thread sits in the kernel: the test
-        that stalled is ERROR, every later test on its target is skipped for it, the record and
-        the Allure results are written (neither lives on the target), and the run ends with
-        exit 1, touching the target no more."""
-        item = getattr(self, "current", None)
+        """On the watchdog's thread, while the test's own thread sits in the kernel."""
+        self.stop_for_stall(getattr(self, "current", None), str(stall))
+
+    def engine_stalled(self, item, error: Exception) -> None:
+        """A test's I/O stayed outstanding past the command timeout (the engine's own Stalled
+        error): the storage stopped answering, as when the watchdog finds a call stuck. Under
+        xdist (no watchdog) the test is only broken."""
+        if self.watchdog is not None:
+            self.stop_for_stall(item, str(error))
+
+    def stop_for_stall(self, item, stall: str) -> None:
+        """The test that stalled is ERROR, every later test on its target is skipped for it,
+        the record and the Allure results are written (neither lives on the target), and the
+        run ends with exit 1, touching the target no more."""
         said = f"Stalled: {stall}"
         spec = self.spec_of(item) if item is not None else self.target_specs[0]
         later = self.items[self.items.index(item) + 1:] if item in self.items else []
@@ -350,7 +360,7 @@ class QualSession:
                                                               self.tests.values()}:
             record = self.build_record(name)
             written.append(record)
-            record["stalled"] = {"test": item.nodeid if item else None, "what": str(stall)}
+            record["stalled"] = {"test": item.nodeid if item else None, "what": stall}
             path = self.record_path(name)
             write_record(path, record)
             if alluredir:
