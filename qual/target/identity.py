@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from qual.target import nvme as nvme_cli
 
 SYS_BLOCK = Path("/sys/dev/block")
 
@@ -138,17 +137,6 @@ def _transport(disk: Path) -> str | None:
     return None
 
 
-def _nvme_id_ctrl(devnode: str) -> dict | None:
-    if not shutil.which("nvme"):
-        return None
-    try:
-        out = subprocess.run(["nvme", "id-ctrl", devnode, "-o", "json"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout
-        return json.loads(out)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-
-
 def _mount_of(dev: int, path: Path) -> tuple[str | None, str | None]:
     """Filesystem type and mount point of the mount holding `path` (device number `dev`)."""
     best: tuple[str | None, str | None] = (None, None)
@@ -193,7 +181,7 @@ def read_identity(dev: int, *, is_block_target: bool, path: Path) -> Identity:
         model = "virtio block device"
     speed, width = _link(disk)
     sectors = read_sysfs(block_dir / "size")
-    nvme = _nvme_id_ctrl(f"/dev/{disk.name}") if transport == "nvme" else None
+    nvme = nvme_cli.id_ctrl(f"/dev/{disk.name}") if transport == "nvme" else None
     return Identity(
         device=block_dir.name,
         model=model,

@@ -9,13 +9,12 @@ the two ends."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 
+from qual.target import nvme
 from qual.workloads.base import Family
 from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
@@ -113,12 +112,9 @@ def ocp_throttling(doc: dict) -> tuple[int, int]:
 
 def read_ocp_throttling(device: str) -> tuple[int, int] | None:
     """The OCP log's throttling counters, or None where the drive or nvme-cli has no OCP log."""
-    out = subprocess.run(["nvme", "ocp", "smart-add-log", f"/dev/{device}", "-o", "json"],
-                         capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        return None
+    log = nvme.ocp_smart_add_log(device)
     try:
-        return ocp_throttling(json.loads(out.stdout))
+        return ocp_throttling(log) if log is not None else None
     except ValueError:
         return None
 
@@ -127,17 +123,13 @@ def unavailable(identity) -> str | None:
     """Why no SMART log can be read for a target (None: it can)."""
     if identity.transport != "nvme" or not identity.device:
         return f"not an NVMe device ({identity.transport or 'unknown transport'})"
-    if shutil.which("nvme") is None:
-        return "nvme-cli is not installed (Debian: apt-get install nvme-cli)"
+    if not nvme.available():
+        return nvme.INSTALL
     return None
 
 
 def read_smart_log(device: str) -> Snapshot:
-    out = subprocess.run(["nvme", "smart-log", f"/dev/{device}", "-o", "json"],
-                         capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        raise ValueError(f"nvme smart-log /dev/{device}: {out.stderr.strip() or out.returncode}")
-    return Snapshot.from_json(json.loads(out.stdout))
+    return Snapshot.from_json(nvme.smart_log(device))
 
 
 def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,

@@ -16,24 +16,19 @@ sequential writes), then runs its points in rounds until the tracking variable i
 
 from __future__ import annotations
 
-import errno
-import re
-import subprocess
 from dataclasses import dataclass
 
 from qual import engine, honesty, steady
 from qual.engine import BACKENDS, IoResult
-from qual.errors import QualError
 from qual.family import Field, Metric, Param, Rates, Work, format_block
 from qual.record import Measurement, measure
-from qual.target import Target
+from qual.target import Target, nvme
 from qual.workloads.base import Family, Outcome
 from qual.workloads.bandwidth import merge_rounds
 
 NAME = "pts"
 WIPC_BS = 128 << 10  # workload-independent preconditioning: 128 KiB sequential writes
 LATENCY_STATS = ("mean", "p99.99", "p99.9999", "max")
-PURGE_TIMEOUT_S = 3600.0  # a format with secure erase of a large drive takes minutes
 
 _RWMIX, _BS, _OP, _STAT = (Param("rwmix", "number"), Param("bs", "size"), Param("op", "name"),
                            Param("stat", "name"))
@@ -142,36 +137,24 @@ def _run_point(target: Target, table: dict, point: Point, *, seed: int,
 # ------------------------------------------------------------------ purge and preconditioning
 
 
-NAMESPACE = re.compile(r"nvme\d+n\d+")
-
-
 def purge(target: Target, table: dict) -> dict:
     """The PTS purge. The guard decides first: a purge is a write of the whole region, so a
     target qual may not write is refused before anything else. Then an NVMe namespace is
-    formatted with a user-data erase (nvme format --ses=1); any other target keeps what it
-    holds, and the returned caveat says so."""
+    formatted with a user-data erase (nvme format --ses=1), itself guarded: where the format
+    reaches every namespace of the controller, each must pass the guard (qual/target/nvme.py).
+    Any other target keeps what it holds, and the returned caveat says so."""
     target.prepare(target.job(op="write", pattern="sequential", block_size=WIPC_BS,
                               size=table["size"], bytes=WIPC_BS))  # UnsafeTarget if refused
     if not table["purge"]:
         return {"done": False, "caveat": "no purge: the profile turned it off"}
-    if target.kind != "block" or not NAMESPACE.fullmatch(target.path.name):
+    if target.kind != "block" or not nvme.NAMESPACE.fullmatch(target.path.name):
         what = "a file" if target.kind != "block" else "not a whole NVMe namespace"
         return {"done": False, "caveat": f"no purge: {target.spec} is {what}; the tests start "
                                          "from what the drive holds (PTS asks for a purged "
                                          "device)"}
-    cmd = ["nvme", "format", str(target.path), "--ses=1", "--force"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PURGE_TIMEOUT_S)
-    except FileNotFoundError:
-        raise QualError(errno.ENOENT, "purge needs nvme-cli (Debian: apt-get install nvme-cli)",
-                        target=target.spec) from None
-    except subprocess.TimeoutExpired:
-        raise QualError(errno.ETIMEDOUT, f"nvme format did not finish in {PURGE_TIMEOUT_S:g} s",
-                        target=target.spec) from None
-    if proc.returncode != 0:
-        raise QualError(errno.EIO, f"nvme format --ses=1 failed: {proc.stderr.strip()}",
-                        target=target.spec)
-    return {"done": True, "method": "nvme format --ses=1"}
+    return nvme.format_namespace(target, ses=1, guard_other=lambda path: Target(
+        path, allow_destructive=target.allow_destructive,
+        confirm_serial=target.confirm_serial).check_guard())
 
 
 def precondition(target: Target, table: dict) -> dict:

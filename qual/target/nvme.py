@@ -1,0 +1,152 @@
+"""nvme-cli, in one place (docs/ARCHITECTURE.md §4): the controller's identity, the SMART and
+OCP logs, the active namespaces, and the format a PTS purge runs, which is a guarded
+operation of the target like any write.
+
+A Format NVM may reach further than the namespace it names: Identify Controller's FNA (Format
+NVM Attributes) bit 0 says a format applies to every namespace of the controller, bit 1 that a
+secure erase (user data or cryptographic) does. A purge of a guarded `nvme1n1` would then
+erase `nvme1n2`, which no rule looked at; so before formatting, every namespace the format
+reaches must pass the guard too, or the purge is refused naming them."""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+from qual.errors import QualError
+
+TIMEOUT_S = 60  # an identify or a log page
+FORMAT_TIMEOUT_S = 3600  # a user-data erase of a large drive
+FNA_FORMAT_ALL = 1 << 0  # a format applies to every namespace
+FNA_ERASE_ALL = 1 << 1  # a secure erase applies to every namespace
+NAMESPACE = re.compile(r"(nvme\d+)n(\d+)")  # a whole namespace's block device, no partition
+INSTALL = "nvme-cli is not installed (Debian: apt-get install nvme-cli)"
+
+
+def available() -> bool:
+    return shutil.which("nvme") is not None
+
+
+def _json(args: list[str], timeout: float = TIMEOUT_S) -> dict | None:
+    """`nvme ARGS -o json` parsed; None where nvme-cli is missing, the command fails or says
+    nothing parsable (an old drive without the log, a controller that refused)."""
+    if not available():
+        return None
+    try:
+        out = subprocess.run(["nvme", *args, "-o", "json"], capture_output=True, text=True,
+                             timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        doc = json.loads(out.stdout)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def id_ctrl(devnode: str) -> dict | None:
+    """Identify Controller of the controller behind `devnode` (a namespace or a controller)."""
+    return _json(["id-ctrl", devnode])
+
+
+def smart_log(device: str) -> dict:
+    """The SMART / health log of /dev/DEVICE; ValueError where it cannot be read."""
+    doc = _json(["smart-log", f"/dev/{device}"])
+    if doc is None:
+        raise ValueError(f"nvme smart-log /dev/{device}: no log ({INSTALL})" if not available()
+                         else f"nvme smart-log /dev/{device}: the drive gave no log")
+    return doc
+
+
+def ocp_smart_add_log(device: str) -> dict | None:
+    """The OCP Datacenter NVMe SSD SMART / health extended log, where the drive has one."""
+    return _json(["ocp", "smart-add-log", f"/dev/{device}"])
+
+
+def active_namespaces(devnode: str) -> list[int] | None:
+    """The NSIDs of the controller's active namespaces (Identify, CNS 02h)."""
+    doc = _json(["list-ns", devnode])
+    if doc is None:
+        return None
+    return [int(n["nsid"]) for n in doc.get("nsid_list", []) if int(n.get("nsid", 0))]
+
+
+def reaches_all_namespaces(fna: int, ses: int) -> bool:
+    """Whether a Format NVM with secure erase setting `ses` applies to every namespace."""
+    return bool(fna & FNA_FORMAT_ALL) or (ses in (1, 2) and bool(fna & FNA_ERASE_ALL))
+
+
+def sibling_namespaces(path: Path) -> list[Path]:
+    """The other namespaces' block devices of the controller of namespace `path`, beside it
+    (/dev/nvme1n1 -> /dev/nvme1n2 …; partitions are not namespaces)."""
+    m = NAMESPACE.fullmatch(path.name)
+    if not m:
+        return []
+    found = []
+    for p in sorted(path.parent.glob(f"{m.group(1)}n*")):
+        other = NAMESPACE.fullmatch(p.name)
+        if p != path and other and other.group(1) == m.group(1):
+            try:
+                if stat.S_ISBLK(p.stat().st_mode):
+                    found.append(p)
+            except OSError:
+                continue
+    return found
+
+
+def format_namespace(target, *, ses: int = 1, guard_other) -> dict:
+    """Format the NVMe namespace `target` (a Target that passed the guard) with secure erase
+    setting `ses`. Where the controller's FNA says the format reaches every namespace, each
+    other namespace must pass the guard (`guard_other(path)` raises UnsafeTarget), and the
+    active namespaces must all be known by a device node; else nothing is formatted and the
+    refusal names them."""
+    from qual.target.guard import Refusal, UnsafeTarget  # the guard reads identity, which reads us
+
+    devnode = str(target.path)
+    if not available():
+        raise QualError(errno.ENOENT, f"the purge needs nvme-cli: {INSTALL}", target=target.spec)
+    ctrl = id_ctrl(devnode)
+    if ctrl is None or "fna" not in ctrl:
+        raise UnsafeTarget(target.spec, [Refusal(
+            "format reach unknown", "Identify Controller (FNA) could not be read: qual cannot "
+            "tell which namespaces a format erases, so it does not format")])
+    reach = [Path(devnode)]
+    if reaches_all_namespaces(int(ctrl["fna"]), ses):
+        others = sibling_namespaces(Path(devnode))
+        active = active_namespaces(devnode)
+        if active is None or len(active) != len(others) + 1:
+            raise UnsafeTarget(target.spec, [Refusal(
+                "format reaches every namespace",
+                f"the controller formats all its namespaces (FNA {int(ctrl['fna']):#x}) and "
+                f"has {'an unknown number of' if active is None else len(active)} active "
+                f"namespaces, {len(others) + 1} with a device node here: one that cannot be "
+                "guarded would be erased")])
+        refused = []
+        for other in others:
+            try:
+                guard_other(other)
+            except UnsafeTarget as e:
+                refused.append(f"{other} ({'; '.join(r.rule for r in e.refusals)})")
+        if refused:
+            raise UnsafeTarget(target.spec, [Refusal(
+                "format reaches every namespace",
+                f"the controller formats all its namespaces (FNA {int(ctrl['fna']):#x}), and "
+                f"{', '.join(refused)} fails the guard: nothing was formatted")])
+        reach += others
+    method = f"nvme format --ses={ses}"
+    try:
+        proc = subprocess.run(["nvme", "format", devnode, f"--ses={ses}", "--force"],
+                              capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise QualError(errno.ETIMEDOUT, f"{method} did not finish in {FORMAT_TIMEOUT_S} s",
+                        target=target.spec) from None
+    if proc.returncode != 0:
+        raise QualError(errno.EIO, f"{method} failed: {proc.stderr.strip()}", target=target.spec)
+    return {"done": True, "method": method, "namespaces": [str(p) for p in reach]}
