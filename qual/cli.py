@@ -31,8 +31,51 @@ RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
       "rw": ("mixed", "sequential"), "randrw": ("mixed", "random")}
 
 
+def version() -> str:
+    """qual's version, and the I/O backends this machine has."""
+    from importlib import metadata
+
+    try:
+        mine = metadata.version("qual")
+    except metadata.PackageNotFoundError:  # a source tree on the path, not installed
+        mine = "unknown (not installed)"
+    uring = engine.io_uring_status() or "available"
+    return f"qual {mine} (io_uring: {uring}; psync: available)"
+
+
+RUN_EXIT_CODES = """exit status:
+  0  PASS: every criterion judged and met
+  1  FAIL: a criterion failed, a drive returned an error, or a test could not measure (ERROR)
+  2  usage: an argument of qual run's own it cannot parse
+  4  refused before any I/O (the plan, a bad profile, a pytest usage error): nothing written
+  5  INCONCLUSIVE: nothing failed, but the noise is larger than the question
+  6  INCOMPLETE: nothing failed, but a criterion was not judged
+  130  interrupted (Ctrl-C)"""
+
+
+class _PytestOptions:
+    """Stands in for pytest's option parser: collects the plugin's --qual-* options (the ones
+    `qual run` passes on to pytest) into an argparse group, so that `qual run --help` lists
+    them."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def getgroup(self, *_args, **_kw):
+        return self
+
+    def addoption(self, *names, **kw):
+        kw = {k: v for k, v in kw.items() if k in ("action", "default", "metavar", "help",
+                                                    "choices", "type", "nargs", "const")}
+        self.group.add_argument(*names, **kw)
+
+    def addini(self, *_args, **_kw):
+        pass
+
+
 def _parser(families: dict) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qual", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=version())
     sub = p.add_subparsers(dest="command", required=True)
 
     io = sub.add_parser("io", help="run one I/O job (fio-like flags)",
@@ -54,8 +97,9 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io.add_argument("--runtime", type=duration, default=None, help="time bound (10s, 500ms)")
     io.add_argument("--direct", type=int, choices=(0, 1), default=1,
                     help="1: O_DIRECT (default); 0: through the page cache")
-    io.add_argument("--engine", choices=engine.BACKENDS, default="auto",
-                    help="I/O backend: io_uring, psync, or auto (io_uring where available)")
+    io.add_argument("--ioengine", "--engine", dest="engine", choices=engine.BACKENDS,
+                    default="auto", help="I/O backend (fio's ioengine): io_uring, psync, or "
+                                         "auto (io_uring where available)")
     io.add_argument("--seed", type=int, default=1)
     io.add_argument("--keep", action="store_true",
                     help="keep the scratch file qual made for the job (a later job reuses it "
@@ -70,7 +114,10 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
 
     run = sub.add_parser("run", help="run the qualification suites (a wrapper over pytest)",
-                         description="Run the suites; unknown arguments go to pytest.")
+                         description="Run the suites; unknown arguments go to pytest (-k, -n, "
+                                     "-x, and the plugin's --qual-* options below).",
+                         epilog=RUN_EXIT_CODES,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--target", action="append", default=None,
                      help="file, directory or block device; several for a rig's drives")
     run.add_argument("--profile", default="ci", help="profile name or .toml path (default ci)")
@@ -80,6 +127,10 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                      help="print what the run would do (tests, bytes, estimated seconds) and "
                           "every reason it cannot go ahead; run nothing (exit 4 if refused)")
     run.add_argument("--json", action="store_true", help="with --plan: the plan as JSON")
+    from qual.plugin import hooks
+
+    plugin = run.add_argument_group("passed to pytest (qual's plugin)")
+    hooks.pytest_addoption(_PytestOptions(plugin))
 
     for family in families.values():
         if family.run is not None:
@@ -129,6 +180,8 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     cmp.add_argument("--json", action="store_true", help="print a JSON document")
 
     prof = sub.add_parser("profiles", help="list the shipped profiles, or check them")
+    prof.add_argument("--json", action="store_true",
+                      help="the profiles (name, description, file, families, criteria) as JSON")
     prof.add_argument("--check", nargs="?", const="", default=None, metavar="PROFILE",
                       help="check that a drive of the class can meet every bound (link, "
                       "published peaks, dataset size): the shipped profiles, or this one; "
@@ -159,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(args, extra, families)
         if args.command == "profiles":
-            return cmd_profiles(families, args.check)
+            return cmd_profiles(families, args.check, as_json=args.json)
         if args.command == "compare":
             return cmd_compare(args)
         if args.command == "report":
@@ -483,10 +536,23 @@ def _distributed(extra: list[str]) -> bool:
                for a in extra)
 
 
-def cmd_profiles(families: dict, check: str | None = None) -> int:
+def cmd_profiles(families: dict, check: str | None = None, as_json: bool = False) -> int:
     from qual import feasibility, thresholds
 
     rows = thresholds.list_profiles(families)
+    if as_json and check is None:
+        docs = []
+        for name, description, path in rows:
+            doc = {"name": name, "description": description, "file": str(path)}
+            try:
+                profile = thresholds.load_profile(path, families)
+                doc.update(families=sorted(profile.tables),
+                           criteria=[c.id for c in profile.criteria])
+            except thresholds.ProfileError as e:
+                doc["problems"] = [f"{k}: {why}" for _, k, why in e.problems]
+            docs.append(doc)
+        print(json.dumps(docs, indent=2))
+        return 0
     if check is None:
         width = max(len(name) for name, _, _ in rows)
         for name, description, _ in rows:

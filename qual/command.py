@@ -12,8 +12,8 @@ from qual import units, watchdog
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE, judge
 from qual.target import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
-from qual.workloads.base import (Family, duration, field_help, flag_fields, flag_name,
-                                 flag_value, nest)
+from qual.workloads.base import (Family, duration, field_flags, field_help, flag_fields,
+                                 flag_name, flag_value, nest)
 
 FIELD = "field:"  # dest prefix of a generated flag
 
@@ -70,8 +70,8 @@ def add_parser(sub, family: Family) -> None:
     p.add_argument("--keep", action="store_true",
                    help="keep what the run made on the target (its scratch file, its data)")
     for key, f in flag_fields(family.fields):
-        p.add_argument(flag_name(key), dest=FIELD + key, default=None, metavar=f.kind.upper(),
-                       help=field_help(f))
+        p.add_argument(*field_flags(key, f), dest=FIELD + key, default=None,
+                       metavar=f.kind.upper(), help=field_help(f))
 
 
 def _given(family: Family, args) -> dict:

@@ -60,6 +60,8 @@ class Field:
     maximum: int | None = None
     fields: tuple[Field, ...] = ()
     help: str = ""
+    flag: str | None = None  # its command-line flag, where not --NAME (fio's name, say)
+    aliases: tuple[str, ...] = ()  # other spellings users already type
 
 
 def format_block(size: int) -> str:

@@ -215,7 +215,8 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
     if block and (needs_fs or any(s.destructive for s in chosen)):
         for r in guard_refusals(str(target.path), target.identity,
                                 allow_destructive=target.allow_destructive,
-                                confirm_serial=target.confirm_serial):
+                                confirm_serial=target.confirm_serial,
+                                flags=target.consent_flags):
             refusals.append(f"guard: {r.rule}: {r.detail}")
     return Plan(target.spec, target.kind, profile.name, tests, refusals,
                 filesystem if needs_fs else None,

@@ -420,7 +420,7 @@ def test_a_rank_error_stops_every_rank(tmp_path):
         checkpoint.launch({**_job(tmp_path), "plan": {"model": "llama3.1-8b", "tp": 2, "pp": 1,
                                                       "dp": 1, "zero": 0, "recipe": "mixed-adam",
                                                       "scale": 1e-4}}, 3, tmp_path)
-    leftover = subprocess.run(["pgrep", "-f", "qual.workloads.checkpoint.ranks"],
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)],  # its ranks name its job file
                               capture_output=True, text=True).stdout.split()
     assert str(os.getpid()) not in leftover and leftover == []
 

@@ -174,3 +174,59 @@ def test_checkpoint_plan_json_is_json_with_the_derivation():
     assert doc["ranks"] == 8 and doc["model"] == "llama3.1-405b"
     assert abs(doc["bytes"] / 1.636e12 - 1) < 0.01  # seed 004: 1,636 GB
     assert "GB" in doc["derivation"] or "GiB" in doc["derivation"]
+
+
+# ------------------------------------------------------------------ one vocabulary
+
+
+def test_version_names_qual_and_its_backends():
+    proc = qual("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("qual 0.") and "io_uring:" in \
+        proc.stdout
+
+
+def test_profiles_json_lists_each_profile_with_its_families_and_criteria():
+    proc = qual("profiles", "--json")
+    assert proc.returncode == 0, proc.stderr
+    docs = {d["name"]: d for d in json.loads(proc.stdout)}
+    assert {"ci", "gen5-tlc", "gen4-qlc", "nvme-rig"} <= docs.keys()
+    assert "bandwidth" in docs["ci"]["families"] and docs["ci"]["file"].endswith("ci.toml")
+    assert "seq_read_bw[bs=1M,qd=16]" in docs["ci"]["criteria"]
+
+
+def test_run_help_lists_the_plugin_options_and_the_exit_codes():
+    out = qual("run", "--help").stdout
+    for option in ("--qual-allow-destructive", "--qual-confirm-serial", "--qual-repeats",
+                   "--qual-baseline", "--qual-fit"):
+        assert option in out, option
+    assert "exit status:" in out and "6  INCOMPLETE" in out and "5  INCONCLUSIVE" in out
+
+
+@pytest.mark.parametrize("spelling", ["--ioengine", "--engine"])
+def test_io_takes_fios_ioengine_and_the_old_spelling(tmp_path, spelling):
+    proc = qual("io", "--target", str(tmp_path), "--size", "1M", spelling, "psync", "--json",
+                "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["backend"] == "psync"
+
+
+@pytest.mark.parametrize("family, args", [
+    ("integrity", ("--size", "1M", "--patterns", "sequential")),
+    ("checkpoint", ("--tp", "2", "--scale", "1e-4")),
+])
+@pytest.mark.parametrize("spelling", ["--ioengine", "--backend", "--engine"])
+def test_families_take_one_backend_flag_in_every_spelling(tmp_path, family, args, spelling):
+    proc = qual(family, "--target", str(tmp_path), *args, spelling, "psync", "--json", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert '"backend": "psync"' in proc.stdout
+
+
+@needs_root
+def test_a_refusal_names_the_flags_of_the_command_that_refused(loop_device, tmp_path):
+    dev = loop_device()
+    io = qual("io", "--target", dev, "--rw", "write", "--size", "1M")
+    assert io.returncode == 1 and "need --allow-destructive" in io.stderr, io.stderr
+    assert "confirm the drive with --confirm-serial" in io.stderr
+    assert "--qual-" not in io.stderr
+    run = qual("run", "--target", dev, "--plan", cwd=tmp_path)
+    assert "need --qual-allow-destructive" in run.stdout + run.stderr

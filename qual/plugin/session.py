@@ -32,6 +32,7 @@ STATUS, QUAL_TEST, TARGET_INFO, DRIVE, WHERE, DEVICE_ERROR = (
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 EXIT_REFUSED = 4  # the plan refused the run: nothing was written
+PLUGIN_FLAGS = ("--qual-allow-destructive", "--qual-confirm-serial")  # the guard's refusals
 LAST_RECORD = ".last-" + RECORD_NAME  # the previous run's record, kept by `qual run` for the plan
 
 
@@ -125,7 +126,7 @@ class QualSession:
             opt = self.config.option
             t = Target(spec if opt.qual_target else None,  # None: the default, made on demand
                        allow_destructive=opt.qual_allow_destructive,
-                       confirm_serial=opt.qual_confirm_serial)
+                       confirm_serial=opt.qual_confirm_serial, consent_flags=PLUGIN_FLAGS)
             baseline = self.baselines.get(spec)
             if baseline and not opt.qual_baseline_any:
                 theirs = drive_model(baseline.data)

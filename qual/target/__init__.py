@@ -21,7 +21,7 @@ from pathlib import Path
 from qual import engine
 from qual.engine import IoJob, NoSpace, TargetUnavailable
 from qual.target import scratch
-from qual.target.guard import Refusal, UnsafeTarget, guard_refusals
+from qual.target.guard import CLI_FLAGS, Refusal, UnsafeTarget, guard_refusals
 from qual.target.identity import DeviceStat, Identity, device_stat, drive_label, read_identity
 from qual.target.scratch import fsync_dir, marker_path
 from qual.units import format_size
@@ -74,10 +74,12 @@ class Target:
     """A file, a directory (scratch file inside) or a block device under qualification."""
 
     def __init__(self, spec: str | os.PathLike | None = None, *, allow_destructive: bool = False,
-                 confirm_serial: str | list[str] | None = None):
+                 confirm_serial: str | list[str] | None = None,
+                 consent_flags: tuple[str, str] = CLI_FLAGS):
         self.spec = str(spec) if spec is not None else DEFAULT_TARGET
         self.allow_destructive = allow_destructive
         self.confirm_serial = confirm_serial
+        self.consent_flags = consent_flags  # how the command spells the two, for its refusals
         self.progress = None  # where long preparations (the fill) say how far they are
         self._default = spec is None  # .qual/ is made when the scratch file is first needed
         self.inode: tuple[int, int] | None = None  # what prepared jobs may open (checked)
@@ -244,7 +246,7 @@ class Target:
         device."""
         refusals = guard_refusals(str(self.path), self.identity,
                                   allow_destructive=self.allow_destructive,
-                                  confirm_serial=self.confirm_serial)
+                                  confirm_serial=self.confirm_serial, flags=self.consent_flags)
         if refusals:
             raise UnsafeTarget(self.spec, refusals)
 

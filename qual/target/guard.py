@@ -40,16 +40,21 @@ class UnsafeTarget(QualError):
         return (UnsafeTarget, (self.target, self.refusals))
 
 
+CLI_FLAGS = ("--allow-destructive", "--confirm-serial")  # how `qual io`/`qual <family>` spell them
+
+
 def guard_refusals(devnode: str, identity: Identity, *, allow_destructive: bool,
-                   confirm_serial: str | list[str] | None) -> list[Refusal]:
+                   confirm_serial: str | list[str] | None,
+                   flags: tuple[str, str] = CLI_FLAGS) -> list[Refusal]:
     """Every rule that forbids writing to block device `devnode` (empty: allowed). The device is
     judged with its whole disk: a partition is refused when its disk or any other partition of
     it is mounted, swap, held or carries a signature, so no slice of the rig's OS disk is ever a
-    target."""
+    target. `flags`: how the command that asks spells its two consents, for the refusals to
+    name."""
     refusals: list[Refusal] = []
     if not allow_destructive:
         refusals.append(Refusal("allow-destructive",
-                                "writes to a block device need --qual-allow-destructive"))
+                                f"writes to a block device need {flags[0]}"))
     try:
         st = os.stat(devnode)
     except OSError as e:
@@ -80,7 +85,7 @@ def guard_refusals(devnode: str, identity: Identity, *, allow_destructive: bool,
             refusals.append(Refusal("signature", found))
     if any(r.rule == "signature" for r in refusals):
         refusals += _leftover(devnode)
-    refusals += _serial_refusals(devnode, identity.serial, confirm_serial)
+    refusals += _serial_refusals(devnode, identity.serial, confirm_serial, flags[1])
     return refusals
 
 
@@ -144,14 +149,14 @@ def _is_node(path: str, number: tuple[int, int]) -> bool:
     return stat.S_ISBLK(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == number
 
 
-def _serial_refusals(devnode: str, serial: str | None,
-                     confirm_serial: str | list[str] | None) -> list[Refusal]:
+def _serial_refusals(devnode: str, serial: str | None, confirm_serial: str | list[str] | None,
+                     flag: str) -> list[Refusal]:
     # a rig qualifies several drives in one run: each must be among the serials confirmed
     confirmed = [confirm_serial] if isinstance(confirm_serial, str) else list(confirm_serial or ())
     if not serial:
         return [Refusal("serial", f"{devnode} reports no serial to confirm")]
     if not confirmed:
-        return [Refusal("serial", f"confirm the drive with --qual-confirm-serial "
+        return [Refusal("serial", f"confirm the drive with {flag} "
                                   f"(it reports {serial!r})")]
     if serial.strip() not in {c.strip() for c in confirmed}:
         shown = " or ".join(repr(c) for c in confirmed)

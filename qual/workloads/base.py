@@ -202,6 +202,29 @@ def flag_name(key: str) -> str:
     return "--" + key.replace(".", "-").replace("_", "-")
 
 
+def field_flags(key: str, f: Field) -> list[str]:
+    """Every spelling of a field's flag: its own (or --KEY), then its aliases."""
+    return [f.flag or flag_name(key), *f.aliases]
+
+
+def backend_field() -> Field:
+    """The I/O backend, named as fio names it, in every family."""
+    from qual.engine import BACKENDS
+
+    return Field("backend", "choice", default="auto", choices=BACKENDS, flag="--ioengine",
+                 aliases=("--backend", "--engine"),
+                 help="I/O backend (fio's ioengine): io_uring, psync or auto (io_uring where "
+                      "it works)")
+
+
+def add_field_flag(p, fields: tuple[Field, ...], key: str) -> None:
+    """One field's flag as a generated family gets it (its spellings, help, default), for a
+    family whose other flags are still made by hand; the value lands in args.<key>."""
+    f = dict(flag_fields(fields))[key]
+    p.add_argument(*field_flags(key, f), dest=key.replace(".", "_"), default=None,
+                   choices=f.choices or None, help=field_help(f))
+
+
 def flag_fields(fields: tuple[Field, ...], prefix: str = "") -> list[tuple[str, Field]]:
     """(dotted key, field) of every leaf field, nested tables flattened."""
     out = []

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qual import engine, honesty, steady
-from qual.engine import BACKENDS, IoResult
+from qual.engine import IoResult
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import Family, Outcome
+from qual.workloads.base import Family, backend_field, Outcome
 from qual.workloads.bandwidth import charts
 from qual.family import Field, Metric, Param, Rates, Work, format_block, measurement_id
 
@@ -51,7 +51,7 @@ FIELDS = (
     Field("depths", "counts", required=True, maximum=engine.MAX_QUEUE_DEPTH,
           help="queue depths, e.g. [128, 32, 1]"),
     Field("patterns", "choices", default=list(PATTERNS), choices=tuple(PATTERNS)),
-    Field("backend", "choice", default="auto", choices=BACKENDS),
+    backend_field(),
     Field("command_timeout", "duration", default="30 s",
           help="an I/O outstanding this long is a stall, an error naming it (NVMe's default)"),
     Field("submit_batch", "count", default=1, minimum=0, maximum=engine.MAX_QUEUE_DEPTH,

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from qual import honesty
 from qual.units import format_size
-from qual.engine import BACKENDS, NoSpace, QualError, TargetUnavailable, error_for
+from qual.engine import NoSpace, QualError, TargetUnavailable, error_for
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, positive as _positive
+from qual.workloads.base import FIT_MARGIN, Family, add_field_flag, backend_field, Flags, ResultOutcome, positive as _positive
 from qual.workloads.checkpoint import charts, ranks
 from qual.workloads.checkpoint.plan import (MLPERF_LAYOUTS, MODELS, RECIPES, SUBSET_PROCESSES,
                                             Plan, describe, plan_from)
@@ -99,7 +99,7 @@ FIELDS = (
     Field("queue_depth", "count", default=8, maximum=1024),
     Field("pool", "size", default="1 GiB",
           help="random data per rank; a larger rank state repeats it"),
-    Field("backend", "choice", default="auto", choices=BACKENDS),
+    backend_field(),
     Field("timeout", "duration", default="2 h", help="longest wait at a rank barrier"),
 )
 
@@ -590,6 +590,7 @@ def _plan_document(table: dict) -> tuple[dict, list[str]]:
 
 
 def _flags(p) -> None:
+    add_field_flag(p, FIELDS, "backend")
     # a flag not given leaves the profile's value; without a profile, _defaults' or the field's
     p.add_argument("--model", choices=sorted(MODELS), help="default llama3.1-8b")
     p.add_argument("--recipe", choices=sorted(RECIPES), help="default mixed-adam")
@@ -631,7 +632,7 @@ def _given(args) -> dict:
             "subset": args.subset,
             "retention": args.keep, "procedure": args.procedure, "runs": args.runs,
             "per_pass": args.count, "restore": args.restore, "baseline": args.baseline,
-            "write_only": args.write_only, "read_only": args.read_only}
+            "write_only": args.write_only, "read_only": args.read_only, "backend": args.backend}
 
 
 def _defaults(given: dict) -> dict:

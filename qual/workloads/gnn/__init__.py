@@ -13,8 +13,8 @@ import numpy as np
 
 from qual import honesty
 from qual.units import format_duration, format_quantity
-from qual.engine import BACKENDS, QualError, TargetUnavailable
-from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, positive
+from qual.engine import QualError, TargetUnavailable
+from qual.workloads.base import FIT_MARGIN, Family, add_field_flag, backend_field, Flags, ResultOutcome, positive
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -84,7 +84,7 @@ FIELDS = (
     Field("max_coalesce", "count", default=32, maximum=1024),
     Field("memory_budget", "choice", default="auto", choices=("auto", "cgroup", "evict"),
           help="how the mmap baseline is held to GIDS's host memory (cache + CPU buffer)"),
-    Field("backend", "choice", default="auto", choices=BACKENDS),
+    backend_field(),
 )
 
 
@@ -397,6 +397,7 @@ class GnnOutcome(ResultOutcome):
 
 
 def _flags(p) -> None:
+    add_field_flag(p, FIELDS, "backend")
     # no defaults here: a flag not given leaves the profile's value, or the field's default
     p.add_argument("--dataset",
                    help="'synthetic' (generated on the target) or the root of a downloaded IGBH")
@@ -423,7 +424,8 @@ def _given(args) -> dict:
     loaders = {None: None, "both": list(LOADERS)}.get(args.loader, [args.loader])
     return {"dataset": args.dataset, "size": args.size, "scale": args.scale,
             "loaders": loaders, "steps": args.steps, "warmup": args.warmup,
-            "epochs": args.epochs, "batch_size": args.batch_size, "fanouts": fanouts}
+            "epochs": args.epochs, "batch_size": args.batch_size, "fanouts": fanouts,
+            "backend": args.backend}
 
 
 # qual's reference host (2 cores, KVM), ci profile (IGBH tiny at 0.2, batch 512, fanouts 5,3,

@@ -8,8 +8,7 @@ from __future__ import annotations
 import secrets
 
 from qual import engine, honesty, units
-from qual.engine import BACKENDS
-from qual.workloads.base import Family, Outcome
+from qual.workloads.base import Family, backend_field, Outcome
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -37,7 +36,7 @@ FIELDS = (
     Field("generations", "count", default=2, maximum=16,
           help="writes of the region before the check: from 2 on, a lost write shows as stale"),
     Field("report", "count", default=8, maximum=1024, help="bad blocks described, at most"),
-    Field("backend", "choice", default="auto", choices=BACKENDS),
+    backend_field(),
 )
 
 

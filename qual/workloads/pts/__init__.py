@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qual import engine, honesty, steady
-from qual.engine import BACKENDS, IoResult
+from qual.engine import IoResult
 from qual.family import Field, Metric, Param, Rates, Work, format_block
 from qual.record import Measurement, measure
 from qual.target import Target, nvme
-from qual.workloads.base import Family, Outcome
+from qual.workloads.base import Family, backend_field, Outcome
 from qual.workloads.bandwidth import merge_rounds
 
 NAME = "pts"
@@ -73,7 +73,7 @@ FIELDS = (
           help="write saturation writes this many times the region"),
     Field("tests", "choices", default=["iops", "throughput", "latency", "wsat"],
           choices=("iops", "throughput", "latency", "wsat")),
-    Field("backend", "choice", default="auto", choices=BACKENDS),
+    backend_field(),
     Field("command_timeout", "duration", default="30 s",
           help="an I/O outstanding this long is a stall, an error naming it (NVMe's default)"),
 )
@@ -153,8 +153,8 @@ def purge(target: Target, table: dict) -> dict:
                                          "from what the drive holds (PTS asks for a purged "
                                          "device)"}
     return nvme.format_namespace(target, ses=1, guard_other=lambda path: Target(
-        path, allow_destructive=target.allow_destructive,
-        confirm_serial=target.confirm_serial).check_guard())
+        path, allow_destructive=target.allow_destructive, confirm_serial=target.confirm_serial,
+        consent_flags=target.consent_flags).check_guard())
 
 
 def precondition(target: Target, table: dict) -> dict:

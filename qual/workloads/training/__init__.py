@@ -13,8 +13,7 @@ import time
 import numpy as np
 
 from qual import engine, honesty
-from qual.engine import BACKENDS
-from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, positive
+from qual.workloads.base import FIT_MARGIN, Family, add_field_flag, backend_field, Flags, ResultOutcome, positive
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -67,7 +66,7 @@ FIELDS = (
           help="file order seed (default: a new one every run, as MLPerf v2.0 asks)"),
     Field("data_seed", "count", default=0, minimum=0),
     Field("calibrate", "bool", default=True, help="measure the AU ceiling without storage"),
-    Field("backend", "choice", default="auto", choices=BACKENDS),
+    backend_field(),
 )
 
 
@@ -359,6 +358,7 @@ class TrainingOutcome(ResultOutcome):
 
 
 def _flags(p) -> None:
+    add_field_flag(p, FIELDS, "backend")
     # a flag not given leaves the profile's value; without a profile, _defaults' or the field's
     p.add_argument("--workload", choices=list(WORKLOADS))
     p.add_argument("--accelerators", type=positive, help="default 1 (a profile: its list)")
@@ -387,7 +387,8 @@ def _given(args) -> dict:
             "batch_size": args.batch_size, "computation_time": args.computation_time,
             "read_threads": args.read_threads, "block_size": args.bs,
             "queue_depth": args.iodepth, "direct": False if args.page_cache else None,
-            "calibrate": False if args.no_calibrate else None, "shuffle_seed": args.seed}
+            "calibrate": False if args.no_calibrate else None, "shuffle_seed": args.seed,
+            "backend": args.backend}
 
 
 def _defaults(given: dict) -> dict:
