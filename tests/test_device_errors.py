@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from testbed import cells_profile
+
 BAD = 4 << 20  # the unreadable range: 4 KiB at 4 MiB
 SCRATCH = "qual-target.dat"  # the scratch file qual makes in a directory target
 
@@ -37,31 +39,13 @@ def test_qual_io_names_the_offset_the_drive_failed(misbehaving, tmp_path, backen
     assert "Traceback" not in proc.stderr
 
 
-PROFILE = '''[profile]
-description = "tests: a read cell and a write cell on a drive with one unreadable block"
-device_truth = "optional"  # FUSE has no block device counters; the write cell is judged anyway
-[bandwidth]
-size = "16 MiB"
-runtime = "0.3 s"
-block_sizes = ["64K"]
-depths = [4]
-patterns = ["seq_read", "seq_write"]
-'''
-CRITERION = '''
-[[bandwidth.criteria]]
-metric = "{metric}"
-params = {{ bs = "64K", qd = 4 }}
-min = 1
-unit = "MiB/s"
-source = "tests"
-severity = "critical"
-'''
-
-
 def test_a_run_fails_the_cell_that_hit_the_error_and_passes_the_other(unreadable, tmp_path):
-    profile = tmp_path / "eio.toml"
-    profile.write_text(PROFILE + "".join(CRITERION.format(metric=m)
-                                         for m in ("seq_read_bw", "seq_write_bw")))
+    # FUSE has no block-device counters: without device_truth optional the write cell would
+    # be UNVERIFIED (rightly), not judged
+    profile = cells_profile(tmp_path / "eio.toml", "tests: one unreadable block",
+                            ["seq_read", "seq_write"], runtime="0.3 s",
+                            profile='device_truth = "optional"\n',
+                            minimum=["seq_read_bw", "seq_write_bw"])
     results = tmp_path / "results"
     proc = qual("run", "--target", str(unreadable.point), "--profile", str(profile),
                 "--results", str(results), "-k", "test_cell", cwd=tmp_path)

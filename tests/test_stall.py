@@ -20,7 +20,7 @@ import pytest
 
 from qual.engine import Fault, IoJob, QualError, Stalled, run_job
 
-from testbed import time_limit, write_pattern_file
+from testbed import cells_profile, time_limit, write_pattern_file
 
 BACKENDS = ["io_uring", "psync"]
 MiB = 1 << 20
@@ -190,17 +190,9 @@ def test_a_run_whose_storage_stops_records_the_error_and_skips_the_rest(misbehav
     """A two-cell `qual run`: the cell that stalled is ERROR, the other is skipped for it, the
     record and the Allure results are written (elsewhere), exit 1, within the bound."""
     storage = misbehaving("--answer", "400", size=64 * MiB)
-    profile = tmp_path / "stall.toml"
-    profile.write_text(f'''[profile]
-description = "tests: two read cells on storage that stops"
-[bandwidth]
-size = "16 MiB"
-runtime = "5 s"
-block_sizes = ["64K"]
-depths = [4]
-patterns = ["seq_read", "rand_read"]
-command_timeout = "{COMMAND_TIMEOUT:g} s"
-''')
+    profile = cells_profile(tmp_path / "stall.toml", "tests: two read cells on storage that "
+                            "stops", ["seq_read", "rand_read"], runtime="5 s",
+                            bandwidth=f'command_timeout = "{COMMAND_TIMEOUT:g} s"\n')
     results = tmp_path / "results"
     proc = subprocess.Popen(
         [sys.executable, "-m", "qual.cli", "run", "--target", str(storage.file), "--profile",

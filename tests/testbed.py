@@ -107,6 +107,22 @@ def run_suite(tmp_path: Path, *args: str, profile: Path | str = TINY_PROFILE,
     return proc, results
 
 
+def cells_profile(path: Path, description: str, patterns: list[str], *, runtime: str,
+                  profile: str = "", bandwidth: str = "", minimum: list[str] = ()) -> Path:
+    """A profile of bandwidth cells at 64K and QD4 over a 16 MiB region, one per pattern, with
+    extra `profile` and `bandwidth` lines and a `min 1 MiB/s` criterion for each metric in
+    `minimum`."""
+    text = (f'[profile]\ndescription = "{description}"\n{profile}[bandwidth]\nsize = "16 MiB"\n'
+            f'runtime = "{runtime}"\nblock_sizes = ["64K"]\ndepths = [4]\n'
+            f'patterns = {json.dumps(patterns)}\n{bandwidth}')
+    for metric in minimum:
+        text += (f'\n[[bandwidth.criteria]]\nmetric = "{metric}"\n'
+                 'params = { bs = "64K", qd = 4 }\nmin = 1\nunit = "MiB/s"\n'
+                 'source = "tests"\nseverity = "critical"\n')
+    path.write_text(text)
+    return path
+
+
 def load_record(results: Path) -> dict:
     return json.loads((results / "qual-run.json").read_text())
 
