@@ -1,5 +1,5 @@
 """Profiles: every kind of bad file gives its own `file:key: problem` line; inheritance;
-verdicts in DESIGN §5's words."""
+verdicts in docs/ARCHITECTURE.md §5's words."""
 
 import textwrap
 

@@ -1,6 +1,6 @@
 /* qual.h — the whole public C API of libqual, the native I/O engine of qual.
  *
- * Conventions (DESIGN §3):
+ * Conventions (docs/ARCHITECTURE.md §3):
  *   - every function returns 0 or a negative errno; outputs go through pointers;
  *   - context for the last failure on the calling thread is in qual_last_error();
  *     a job's failure (which may happen on a worker thread) is in its qual_result;
@@ -65,11 +65,11 @@ int qual_pattern_check(const void *buf, uint64_t len, uint64_t seed, uint64_t of
 
 /* ---------------------------------------------------------------- fault injection (fault.c) */
 
-/* A fault rule, applied when an I/O completes (DESIGN §3). An I/O matches when its op is
- * `op` (or op is -1) and its byte range intersects [offset_lo, offset_hi). Every `every`-th
- * matching I/O (1 = each) is hit, at most `limit` times (0 = no limit). A hit completes the
- * I/O with -error (when error != 0), or with short_bytes transferred (when short_bytes != 0),
- * and is delayed by delay_ns before the engine sees it. */
+/* A fault rule, applied when an I/O completes (docs/ARCHITECTURE.md §3). An I/O matches when its
+ * op is `op` (or op is -1) and its byte range intersects [offset_lo, offset_hi). Every `every`-th
+ * matching I/O (1 = each) is hit, at most `limit` times (0 = no limit). A hit completes the I/O
+ * with -error (when error != 0), or with short_bytes transferred (when short_bytes != 0), and is
+ * delayed by delay_ns before the engine sees it. */
 struct qual_fault {
     int op;
     int error;

@@ -1,4 +1,5 @@
-/* fault.c — the fault-injection plan, applied when an I/O completes (DESIGN §3). */
+/* fault.c — the fault-injection plan, applied when an I/O completes
+ * (docs/ARCHITECTURE.md §3). */
 #include <errno.h>
 
 #include "engine.h"

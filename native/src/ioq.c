@@ -1,8 +1,8 @@
-/* ioq.c — the one I/O queue (DESIGN §3): a pool of slots, each an I/O in flight, and the loop
- * that fills them from a client, hands them to a backend, and brings them back: completion
- * time, fault injection, drain on error, deadline, cancel, back-off and stall. Every wait is
- * bounded; nothing here spins. The backends (ioq_uring.c, ioq_psync.c) are leaves, as fio's
- * ioengine_ops are: they only move I/Os to the kernel and back. */
+/* ioq.c — the one I/O queue (docs/ARCHITECTURE.md §3): a pool of slots, each an I/O in flight,
+ * and the loop that fills them from a client, hands them to a backend, and brings them back:
+ * completion time, fault injection, drain on error, deadline, cancel, back-off and stall. Every
+ * wait is bounded; nothing here spins. The backends (ioq_uring.c, ioq_psync.c) are leaves, as
+ * fio's ioengine_ops are: they only move I/Os to the kernel and back. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

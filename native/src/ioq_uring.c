@@ -27,7 +27,7 @@
 struct ring {
     int fd;
     int target_fd;
-    int force_async;          /* IOSQE_ASYNC on every I/O: the target cannot issue without blocking */
+    int force_async;          /* IOSQE_ASYNC on every I/O: the file cannot issue non-blocking */
     int fixed_file;
     int fixed_bufs;
     unsigned char *bufs;      /* the queue's buffers, or the client's memory (registered when */

@@ -1,7 +1,7 @@
 /* verify.c — data integrity: self-describing verification blocks written over a region and read
- * back, each classified as good, corrupted, foreign, misdirected, stale or unreadable (fio's verify with
- * header fields, after its verify_header: magic, CRC, offset, seed, sequence). One ring keeps
- * queue_depth blocks in flight; psync does one at a time. */
+ * back, each classified as good, corrupted, foreign, misdirected, stale or unreadable (fio's
+ * verify with header fields, after its verify_header: magic, CRC, offset, seed, sequence). One
+ * ring keeps queue_depth blocks in flight; psync does one at a time. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
