@@ -565,7 +565,7 @@ def cmd_profiles(families: dict, check: str | None = None, as_json: bool = False
         except thresholds.ProfileError as e:  # as `qual run` says it: exit 4, a line each
             print(f"qual profiles: error: {spec}: invalid profile:\n{e}", file=sys.stderr)
             return EXIT_BAD_PROFILE
-        problems = feasibility.problems(profile)
+        problems = feasibility.problems(profile, families)
         print(f"{profile.name}: " + ("feasible" if not problems else
                                      f"{len(problems)} bound(s) no drive of the class can meet"))
         for p in problems:

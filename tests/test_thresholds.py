@@ -250,7 +250,7 @@ def test_loader_validates_any_bandwidth_table(tmp_path_factory, table):
 
 def test_every_shipped_profile_can_be_met_by_a_drive_of_its_class():
     for name, _, _ in thresholds.list_profiles(registry()):
-        assert feasibility.problems(load_profile(name, registry())) == [], name
+        assert feasibility.problems(load_profile(name, registry()), registry()) == [], name
     for name in ("gen4-qlc", "gen5-tlc"):  # drive classes say what their link and peak are
         p = load_profile(name, registry())
         assert feasibility.link_bandwidth(p.link) and p.peak_read_bw
@@ -286,5 +286,5 @@ def test_an_infeasible_bound_is_named_with_its_arithmetic(tmp_path, criterion, e
         {criterion.replace(chr(10), chr(10) + "        ")}
         source = "test"
         """)
-    problems = feasibility.problems(load_profile(path, registry()))
+    problems = feasibility.problems(load_profile(path, registry()), registry())
     assert len(problems) == 1 and expected in problems[0], problems

@@ -173,7 +173,10 @@ class Family:
     values that shrink what its tests need at once from `need` to at most `room` bytes ({}:
     it cannot), for --qual-fit. `reads_from(table)`: the path a run only reads when its settings
     name one (a checkpoint set read back from wherever it lies): the command works on that,
-    not on --target, and takes no lock and leaves nothing there."""
+    not on --target, and takes no lock and leaves nothing there. `feasible(profile, criterion,
+    link)`: why no drive of the profile's class can meet one of this family's criteria (`link`:
+    the payload bytes/s of the class's host link, or None), for `qual profiles --check`; the
+    link check every bandwidth floor gets is the core's (qual/feasibility.py)."""
 
     name: str
     description: str
@@ -191,6 +194,8 @@ class Family:
     filesystem: bool = False
     fit: Callable[[dict, int, int], dict] = field(default=lambda table, room, need: {})
     reads_from: Callable[[dict], str | None] = field(default=lambda table: None)
+    feasible: Callable[[object, object, float | None], list[str]] = field(
+        default=lambda profile, criterion, link: [])
 
     @property
     def subcommand(self) -> str:

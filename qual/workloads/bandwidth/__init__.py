@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qual import engine, honesty, steady
+from qual import engine, honesty, steady, units
 from qual.engine import IoResult
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import Family, backend_field, Outcome
+from qual.workloads.base import Family, Outcome, backend_field
 from qual.workloads.bandwidth import charts
 from qual.family import Field, Metric, Param, Rates, Work, format_block, measurement_id
 
@@ -344,6 +344,31 @@ def _fit(table: dict, room: int, need: int) -> dict:
     return {"size": room >> 20 << 20} if room >= 1 << 20 else {}
 
 
+READ_BW = ("seq_read_bw", "rand_read_bw")
+
+
+def _feasible(profile, criterion, link) -> list[str]:
+    """A read-bandwidth floor stays within the class's published peak at its block size
+    (`[profile] peak_read_bw`); at a block size with no published figure, strictly below the
+    peak published for a larger one (smaller blocks cannot be assumed to reach it)."""
+    if criterion.metric not in READ_BW or not profile.peak_read_bw:
+        return []
+    floor = criterion.min
+    bs = units.parse_size(criterion.param_dict["bs"], name="bs")
+    peaks = profile.peak_read_bw
+    fmt = lambda v: units.format_quantity(v, "GiB/s")  # noqa: E731
+    if bs in peaks:
+        if floor > peaks[bs]:
+            return [f"at least {fmt(floor)}, above the class's published {fmt(peaks[bs])} at "
+                    f"{units.format_size(bs)}"]
+        return []
+    larger = [v for b, v in peaks.items() if b > bs]
+    if larger and floor >= max(larger):
+        return [f"at least {fmt(floor)} at {units.format_size(bs)}, where nothing is "
+                f"published; the class peaks at {fmt(max(larger))} with larger blocks"]
+    return []
+
+
 FAMILY = Family(name=NAME, description="gdsio-style bandwidth matrix and random-read latency QoS",
                 fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan,
-                fit=_fit)
+                fit=_fit, feasible=_feasible)

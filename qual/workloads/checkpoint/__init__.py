@@ -24,7 +24,8 @@ from qual.engine import NoSpace, QualError, TargetUnavailable, error_for
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import FIT_MARGIN, Family, add_field_flag, backend_field, Flags, ResultOutcome, positive as _positive
+from qual.workloads.base import (FIT_MARGIN, Family, Flags, ResultOutcome, add_field_flag,
+                                 backend_field, positive as _positive)
 from qual.workloads.checkpoint import charts, ranks
 from qual.workloads.checkpoint.plan import (MLPERF_LAYOUTS, MODELS, RECIPES, SUBSET_PROCESSES,
                                             Plan, describe, plan_from)

@@ -14,7 +14,8 @@ import numpy as np
 from qual import honesty
 from qual.units import format_duration, format_quantity
 from qual.engine import QualError, TargetUnavailable
-from qual.workloads.base import FIT_MARGIN, Family, add_field_flag, backend_field, Flags, ResultOutcome, positive
+from qual.workloads.base import (FIT_MARGIN, Family, Flags, ResultOutcome, add_field_flag,
+                                 backend_field, positive)
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target

@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 
 from qual import engine, honesty, units
-from qual.workloads.base import Family, backend_field, Outcome
+from qual.workloads.base import Family, Outcome, backend_field
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target

@@ -23,7 +23,7 @@ from qual.engine import IoResult
 from qual.family import Field, Metric, Param, Rates, Work, format_block
 from qual.record import Measurement, measure
 from qual.target import Target, nvme
-from qual.workloads.base import Family, backend_field, Outcome
+from qual.workloads.base import Family, Outcome, backend_field
 from qual.workloads.bandwidth import merge_rounds
 
 NAME = "pts"

@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from qual import engine, honesty
-from qual.workloads.base import FIT_MARGIN, Family, add_field_flag, backend_field, Flags, ResultOutcome, positive
+from qual.workloads.base import (FIT_MARGIN, Family, Flags, ResultOutcome, add_field_flag,
+                                 backend_field, positive)
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -431,9 +432,35 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
             Work("training sweep", seconds, bytes_read=read, repeated=True)]
 
 
+def _feasible(profile, criterion, link) -> list[str]:
+    """An AU floor: AU x accelerators x one accelerator's demand must fit within the link. A
+    dataset share (MLPerf Storage's size rule) must be reachable with the profile's own
+    dataset: 500 steps of every accelerator in files (the host-memory half of the rule depends
+    on the host and is measured at run time)."""
+    table = profile.table(NAME)
+    if table is None:
+        return []
+    w = workload_of(table)
+    n = criterion.param_dict.get("accelerators")
+    gbs = lambda v: f"{v / 1e9:.3g} GB/s"  # noqa: E731
+    if criterion.metric == "train_au" and link and w.computation_time:
+        need = criterion.min * n * w.demand()
+        if need > link:
+            return [f"AU {criterion.min * 100:g} % x {n} accelerators x {gbs(w.demand())} "
+                    f"each needs {gbs(need)}, more than a {profile.link} link carries "
+                    f"({gbs(link)})"]
+    if criterion.metric == "train_dataset_share":
+        share = w.files / configs.minimum_files(w, n, host_memory=0)
+        if share < criterion.min:
+            return [f"at least {criterion.min * 100:g} % of MLPerf's dataset size, but the "
+                    f"profile's dataset holds {share * 100:.3g} % of 500 steps of {n} "
+                    "accelerators"]
+    return []
+
+
 FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
                 "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
                 check=_check, cells=_cells, run=run, remove=remove, command="train",
                 plan=_plan, filesystem=True,
                 fit=_fit,
-                flags=Flags(add=_flags, given=_given, defaults=_defaults))
+                flags=Flags(add=_flags, given=_given, defaults=_defaults), feasible=_feasible)

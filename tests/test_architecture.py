@@ -1,0 +1,43 @@
+"""The house rules of docs/ARCHITECTURE.md that code can check: the core never looks inside a
+family by name. A family is one folder and one registry line; judging, feasibility, thresholds,
+records, reports, the plugin and the command line work from what the family declares."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from qual import units
+from qual.workloads import registry
+
+QUAL = Path(__file__).resolve().parent.parent / "qual"
+CORE = ["judge.py", "feasibility.py", "thresholds.py", "record.py", "report.py", "cli.py",
+        "command.py", *(f"plugin/{p.name}" for p in (QUAL / "plugin").glob("*.py"))]
+
+
+def family_words() -> set[str]:
+    """Every registered family's name, subcommand and metric names; a word that is also a unit
+    dimension ("bandwidth" is both a family and what B/s measures) is the unit system's."""
+    words = set()
+    for family in registry().values():
+        words |= {family.name, family.subcommand, *family.metrics}
+    return words - set(units.DIMENSIONS)
+
+
+def test_no_core_module_names_a_family_or_its_metrics():
+    words = family_words()
+    found = []
+    for name in CORE:
+        text = (QUAL / name).read_text()
+        for word in sorted(words):
+            for m in re.finditer(rf"""["']{re.escape(word)}["']""", text):
+                line = text.count("\n", 0, m.start()) + 1
+                found.append(f"qual/{name}:{line}: {word}")
+    assert not found, "the core names a family:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_family_name_where_one_is_written():
+    """The rule above can fail: a quoted metric name is what it looks for."""
+    words = family_words()
+    assert "train_au" in words and "seq_read_bw" in words and "checkpoint" in words
+    assert re.search(r"""["']train_au["']""", 'if c.metric == "train_au":')
