@@ -53,10 +53,20 @@ RUN_EXIT_CODES = """exit status:
   130  interrupted (Ctrl-C)"""
 
 
+def _plugin_options() -> str:
+    """The plugin's --qual-* options as help text: `qual run` passes them on to pytest untouched
+    (its own parser must not take them), and its --help lists them."""
+    from qual.plugin import hooks
+
+    shown = argparse.ArgumentParser(prog="qual run", add_help=False, usage=argparse.SUPPRESS)
+    hooks.pytest_addoption(_PytestOptions(shown.add_argument_group(
+        "passed on to pytest (qual's plugin)")))
+    return shown.format_help().strip() + "\n"
+
+
 class _PytestOptions:
-    """Stands in for pytest's option parser: collects the plugin's --qual-* options (the ones
-    `qual run` passes on to pytest) into an argparse group, so that `qual run --help` lists
-    them."""
+    """Stands in for pytest's option parser: collects the plugin's --qual-* options into an
+    argparse group, only to show them."""
 
     def __init__(self, group):
         self.group = group
@@ -116,7 +126,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the qualification suites (a wrapper over pytest)",
                          description="Run the suites; unknown arguments go to pytest (-k, -n, "
                                      "-x, and the plugin's --qual-* options below).",
-                         epilog=RUN_EXIT_CODES,
+                         epilog=f"{_plugin_options()}\n{RUN_EXIT_CODES}",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--target", action="append", default=None,
                      help="file, directory or block device; several for a rig's drives")
@@ -127,10 +137,6 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                      help="print what the run would do (tests, bytes, estimated seconds) and "
                           "every reason it cannot go ahead; run nothing (exit 4 if refused)")
     run.add_argument("--json", action="store_true", help="with --plan: the plan as JSON")
-    from qual.plugin import hooks
-
-    plugin = run.add_argument_group("passed to pytest (qual's plugin)")
-    hooks.pytest_addoption(_PytestOptions(plugin))
 
     for family in families.values():
         if family.run is not None:

@@ -63,7 +63,7 @@ def test_io_human_line_names_backend_and_percentiles(tmp_path):
     (["--iodepth", "0"], "argument --iodepth: value 0 is outside"),
     (["--runtime", "-1s"], "argument --runtime"),
     (["--rw", "trim"], "argument --rw: invalid choice"),
-    (["--engine", "aio"], "argument --engine: invalid choice"),
+    (["--engine", "aio"], "argument --ioengine/--engine: invalid choice"),
     (["--rwmixread", "x"], "argument --rwmixread: invalid int value"),
 ])
 def test_io_flag_errors_before_any_io(tmp_path, args, message):
