@@ -174,7 +174,10 @@ def test_clean_loop_device_is_written_only_with_both_flags(loop_device):
     assert serial and serial.endswith("loop.img")  # a loop device is named by its backing file
     rules, message = refused_rules(dev)
     assert rules == {"allow-destructive", "serial"}
-    assert "--qual-allow-destructive" in message and "--qual-confirm-serial" in message
+    assert "need --allow-destructive" in message and "with --confirm-serial" in message
+    _, message = refused_rules(dev, consent_flags=("--qual-allow-destructive",
+                                                   "--qual-confirm-serial"))
+    assert "need --qual-allow-destructive" in message and "with --qual-confirm-serial" in message
     assert refused_rules(dev, allow_destructive=True)[0] == {"serial"}
     assert refused_rules(dev, confirm_serial=serial)[0] == {"allow-destructive"}
     rules, message = refused_rules(dev, allow_destructive=True, confirm_serial="S0MEOTHER")
