@@ -10,7 +10,7 @@ from qual.engine._binding import (
     BACKEND_CODE, BACKEND_NAME, BACKENDS, OPS, Progress, check, check_outcome, fill_faults,
     long_call)
 from qual.engine._binding import ffi, lib
-from qual.errors import InvalidJob
+from qual.errors import InvalidJob, errno_name
 from qual.engine.job import Fault
 
 BLOCK_KINDS = {1: "corrupted", 2: "foreign", 3: "misdirected", 4: "stale", 5: "unreadable"}
@@ -28,8 +28,7 @@ class BadBlock:
     error: int = 0      # unreadable: the errno the drive answered the read with
 
     def describe(self) -> str:
-        what = {"unreadable": f"the drive answered its read with "
-                              f"{errno_mod.errorcode.get(self.error, self.error)} "
+        what = {"unreadable": f"the drive answered its read with {errno_name(self.error)} "
                               f"({os.strerror(self.error)})",
                 "corrupted": "its bytes fail their CRC32C (or carry no header)",
                 "foreign": f"it belongs to another run (seed {self.found_seed})",

@@ -208,10 +208,12 @@ def pytest_runtest_call(item):
         _label(rec)
     try:
         result = yield
+    except Stalled as e:  # the storage stopped answering: ends the run, where it can
+        if rec is not None:
+            qual_session(item.config).engine_stalled(item, e)
+        raise
     except DeviceIoError as e:
-        if isinstance(e, Stalled) and rec is not None:
-            qual_session(item.config).engine_stalled(item, e)  # ends the run, where it can
-        if isinstance(e, Stalled) or rec is None:
+        if rec is None:
             raise
         # the drive's answer, not qual's failure: the test fails with it (it is not broken)
         item.stash[DEVICE_ERROR_KEY] = {"op": e.op, "offset": e.offset, "target": e.target,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from qual import units
+from qual.engine import BACKENDS
 from qual.family import Field, Metric, Rates, Work
 from qual.record import Measurement, repeated
 
@@ -214,8 +215,6 @@ def field_flags(key: str, f: Field) -> list[str]:
 
 def backend_field() -> Field:
     """The I/O backend, named as fio names it, in every family."""
-    from qual.engine import BACKENDS
-
     return Field("backend", "choice", default="auto", choices=BACKENDS, flag="--ioengine",
                  aliases=("--backend", "--engine"),
                  help="I/O backend (fio's ioengine): io_uring, psync or auto (io_uring where "
