@@ -12,10 +12,8 @@ from qual import units, watchdog
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE, judge
 from qual.target import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
-from qual.workloads.base import (Family, duration, field_flags, field_help, flag_fields,
-                                 flag_name, flag_value, nest)
-
-FIELD = "field:"  # dest prefix of a generated flag
+from qual.flags import add_field_flags, claimed, field_flags, flag_fields, flag_name, given
+from qual.workloads.base import Family, duration
 
 
 class Reporter:
@@ -63,38 +61,39 @@ def add_parser(sub, family: Family) -> None:
                        help="end the command with a stall error when a call on the target has "
                             "not returned for this long (default: "
                             f"{watchdog.DEFAULT_COMMAND_TIMEOUT_S:g} s)")
-    if family.flags:
-        family.flags.add(p)
-        return
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--keep", action="store_true",
-                   help="keep what the run made on the target (its scratch file, its data)")
-    for key, f in flag_fields(family.fields):
-        p.add_argument(*field_flags(key, f), dest=FIELD + key, default=None,
-                       metavar=f.kind.upper(), help=field_help(f))
-
-
-def _given(family: Family, args) -> dict:
-    if family.flags:
-        return {k: v for k, v in family.flags.given(args).items() if v is not None}
-    fields = dict(flag_fields(family.fields))
-    return nest({key[len(FIELD):]: flag_value(fields[key[len(FIELD):]], value)
-                 for key, value in vars(args).items()
-                 if key.startswith(FIELD) and value is not None})
+    add_field_flags(p, family.fields)
+    taken = claimed(family.fields)
+    if "--seed" not in taken:
+        p.add_argument("--seed", type=int, default=1,
+                       help="seed of random offsets and write data (default 1)")
+    if "--keep" not in taken and not (family.flags and family.flags.keeps):
+        p.add_argument("--keep", action="store_true",
+                       help="keep what the run made on the target (its scratch file, its data) "
+                            "for the next run")
+    if family.flags and family.flags.explain:
+        p.add_argument("--plan", action="store_true",
+                       help="print the arithmetic of what the run would do, and stop (nothing "
+                            "is touched)")
 
 
 def _settings(family: Family, args, profile):
     """The family's settings: the profile's table (if any) with the flags over it. Wrong
     flags are said per flag, before anything is touched."""
-    given = _given(family, args)
+    flags = given(args, family.fields)
     base = profile.table(family.name) if profile else None
     if profile and base is None:
         raise ProfileError([(profile.path.name, family.name,
                              f"the profile has no [{family.name}] table")])
     if family.flags and not profile:
-        given = {**family.flags.defaults(given), **given}
+        flags = {**family.flags.defaults(flags), **flags}
     # the profile's table is parsed already: only the flags are parsed here
-    return family_table(family, given, base=base, label="flags")
+    return family_table(family, flags, base=base, label="flags")
+
+
+def _flag_of(family: Family, key: str) -> str:
+    """The flag that sets a table key (its own spelling, not --KEY, where it has one)."""
+    fields = dict(flag_fields(family.fields))
+    return field_flags(key, fields[key])[0] if key in fields else flag_name(key)
 
 
 def watched(name: str, target: str | None, command_timeout: float) -> watchdog.Watchdog:
@@ -130,14 +129,15 @@ def _run_on(family: Family, args, settings, say: Reporter, keep: bool):
     target = Target(source or args.target, allow_destructive=args.allow_destructive,
                     confirm_serial=args.confirm_serial)
     say(f"{family.name} on {source or target.spec} ({target.identity.label()})")
-    seed = getattr(args, "seed", 1)
+    # a family whose field takes --seed reads it from its table
+    seeded = {"seed": args.seed} if "--seed" not in claimed(family.fields) else {}
     if source:  # nothing is written there: no lock, nothing to remove
-        return target, family.run(target, settings, seed=seed, progress=say)
+        return target, family.run(target, settings, progress=say, **seeded)
     shared = family.flags.shared_target() if family.flags else False
     if not shared:  # torchrun ranks all open the target: rank 0 speaks for them
         target.lock()
     try:
-        return target, family.run(target, settings, seed=seed, progress=say)
+        return target, family.run(target, settings, progress=say, **seeded)
     finally:
         if family.remove and not keep:
             family.remove(target)
@@ -155,16 +155,15 @@ def run(args, families: dict[str, Family]) -> int:
         settings = _settings(family, args, profile)
     except ProfileError as e:
         for where, key, problem in e.problems:
-            shown = flag_name(key.split(".", 1)[1]) if where == "flags" and "." in key \
+            shown = _flag_of(family, key.split(".", 1)[1]) if where == "flags" and "." in key \
                 else f"{where}:{key}"
             print(f"qual {name}: error: {shown}: {problem}", file=sys.stderr)
         return 2
-    dry = family.flags.dry_run(args, settings) if family.flags and family.flags.dry_run else None
-    if dry is not None:
-        doc, lines = dry
+    if getattr(args, "plan", False):
+        doc, lines = family.flags.explain(settings)
         print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))
         return 0
-    keep = family.flags.keep(args) if family.flags else getattr(args, "keep", False)
+    keep = (family.flags and family.flags.keeps) or getattr(args, "keep", False)
     say = Reporter(name, args.quiet)
     with watched(name, family.reads_from(settings) or args.target,
                  _command_timeout(family, args, settings)):

@@ -62,6 +62,8 @@ class Field:
     help: str = ""
     flag: str | None = None  # its command-line flag, where not --NAME (fio's name, say)
     aliases: tuple[str, ...] = ()  # other spellings users already type
+    negations: tuple[str, ...] = ()  # bool: spellings of --no-NAME users already type
+    words: tuple[tuple[str, object], ...] = ()  # flag words that stand for a value ("both")
 
 
 def format_block(size: int) -> str:

@@ -125,7 +125,7 @@ def test_profiles_check_reports_a_bad_profile_as_qual_run_does(tmp_path):
 
 
 @pytest.mark.parametrize("family, flag, value", [
-    ("gnn", "--scale", "2"), ("checkpoint", "--ranks", "0"), ("train", "--accelerators", "0")])
+    ("gnn", "--scale", "2"), ("checkpoint", "--tp", "0"), ("train", "--accelerators", "0")])
 def test_a_flag_over_a_profile_is_judged_alone(tmp_path, family, flag, value):
     """The profile's table (parsed when it loaded, ratios included) takes a flag over it: the
     one wrong flag is said, nothing about the profile, before any I/O."""

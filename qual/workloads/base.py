@@ -6,7 +6,6 @@ and the report know families only through this."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,21 +120,17 @@ class Repeated(Outcome):
 
 @dataclass(frozen=True)
 class Flags:
-    """A family's own command-line flags, where they predate the generated ones: `add` puts
-    them on the subcommand's parser (with --seed and, if it removes what it made, --keep),
-    `given` turns the flags given into table values (a flag not given is None and stays out, so
-    that a profile's table holds); `defaults(given)`: table values the command takes where
-    neither a profile nor a flag says (a quick run's, not a qualification's); `keep(args)`:
-    leave what the run made;
-    `dry_run(args, settings)`: a (document, lines) to print instead of running, or None;
-    `shared_target()`: other processes open the target too (torchrun ranks), so this one
-    neither locks it nor speaks unless `run` returns an outcome."""
+    """What `qual <family>` does beyond running the table its generated flags make:
+    `defaults(given)`: table values a quick run takes where neither a profile nor a flag says
+    (a quick run's, not a qualification's); `keeps`: the run always keeps what it made (a
+    checkpoint set, its retention its own), so the command has no --keep; `explain(table)`: a
+    (document, lines) that `--plan` prints instead of running (the arithmetic, nothing
+    written); `shared_target()`: other processes open the target too (torchrun ranks), so this
+    one neither locks it nor speaks unless `run` returns an outcome."""
 
-    add: Callable
-    given: Callable[[object], dict]
     defaults: Callable[[dict], dict] = field(default=lambda given: {})
-    keep: Callable[[object], bool] = field(default=lambda args: args.keep)
-    dry_run: Callable | None = None
+    keeps: bool = False
+    explain: Callable[[dict], tuple[dict, list[str]]] | None = None
     shared_target: Callable[[], bool] = field(default=lambda: False)
 
 
@@ -203,80 +198,9 @@ class Family:
         return self.command or self.name
 
 
-def flag_name(key: str) -> str:
-    """A table key as a flag: `steady_state.max_rounds` -> `--steady-state-max-rounds`."""
-    return "--" + key.replace(".", "-").replace("_", "-")
-
-
-def field_flags(key: str, f: Field) -> list[str]:
-    """Every spelling of a field's flag: its own (or --KEY), then its aliases."""
-    return [f.flag or flag_name(key), *f.aliases]
-
-
 def backend_field() -> Field:
     """The I/O backend, named as fio names it, in every family."""
     return Field("backend", "choice", default="auto", choices=BACKENDS, flag="--ioengine",
                  aliases=("--backend", "--engine"),
                  help="I/O backend (fio's ioengine): io_uring, psync or auto (io_uring where "
                       "it works)")
-
-
-def add_field_flag(p, fields: tuple[Field, ...], key: str) -> None:
-    """One field's flag as a generated family gets it (its spellings, help, default), for a
-    family whose other flags are still made by hand; the value lands in args.<key>."""
-    f = dict(flag_fields(fields))[key]
-    p.add_argument(*field_flags(key, f), dest=key.replace(".", "_"), default=None,
-                   choices=f.choices or None, help=field_help(f))
-
-
-def flag_fields(fields: tuple[Field, ...], prefix: str = "") -> list[tuple[str, Field]]:
-    """(dotted key, field) of every leaf field, nested tables flattened."""
-    out = []
-    for f in fields:
-        key = f"{prefix}{f.name}"
-        if f.kind == "table":
-            out += flag_fields(f.fields, f"{key}.")
-        else:
-            out.append((key, f))
-    return out
-
-
-def flag_value(f: Field, text: str):
-    """A flag's text as the value a profile would hold: lists are comma-separated, booleans
-    are yes/no, plain numbers are numbers (sizes and durations keep their units)."""
-    if f.kind in ("sizes", "counts", "choices"):
-        return [flag_value(Field(f.name, f.kind[:-1]), t.strip()) for t in text.split(",")]
-    if f.kind == "bool":
-        if text.lower() in ("1", "yes", "true", "on"):
-            return True
-        if text.lower() in ("0", "no", "false", "off"):
-            return False
-        return text
-    if f.kind in ("count", "number"):
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
-    return text
-
-
-def nest(flat: dict[str, object]) -> dict:
-    """{"a.b": 1} -> {"a": {"b": 1}}."""
-    out: dict = {}
-    for key, value in flat.items():
-        *tables, leaf = key.split(".")
-        into = out
-        for t in tables:
-            into = into.setdefault(t, {})
-        into[leaf] = value
-    return out
-
-
-def field_help(f: Field) -> str:
-    default = f" (default {f.default})" if f.default is not None and not isinstance(
-        f.default, list) else (f" (default {','.join(map(str, f.default))})"
-                               if isinstance(f.default, list) else "")
-    choices = f"; one of {', '.join(f.choices)}" if f.choices else ""
-    listed = " (comma-separated)" if f.kind in ("sizes", "counts", "choices") else ""
-    return f"{f.help or f.kind}{listed}{choices}{default}"
-

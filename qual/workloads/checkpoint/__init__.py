@@ -24,8 +24,7 @@ from qual.engine import NoSpace, QualError, TargetUnavailable, error_for
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import (FIT_MARGIN, Family, Flags, ResultOutcome, add_field_flag,
-                                 backend_field, positive as _positive)
+from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, backend_field
 from qual.workloads.checkpoint import charts, ranks
 from qual.workloads.checkpoint.plan import (MLPERF_LAYOUTS, MODELS, RECIPES, SUBSET_PROCESSES,
                                             Plan, describe, plan_from)
@@ -80,7 +79,7 @@ FIELDS = (
           help="MLPerf's subset mode for node-local storage: this host's processes write "
                "ranks/(tp x pp x dp) of the checkpoint, each the mean rank's share"),
     Field("passes", "count", default=3),
-    Field("per_pass", "count", default=0, minimum=0,
+    Field("per_pass", "count", default=0, minimum=0, aliases=("--count",),
           help="checkpoints per pass (0: as many as fill the target to `utilisation`)"),
     Field("utilisation", "ratio", default="60 %"),
     Field("retention", "count", default=2, help="checkpoints kept after each pass"),
@@ -118,6 +117,9 @@ def _check(table: dict) -> list[tuple[str, str]]:
         problems.append(("scale", f"{table['scale']} is above 1"))
     if table["chunk_size"] % 4096:
         problems.append(("chunk_size", "is not a multiple of 4 KiB"))
+    if table["write_only"] and table.get("read_only"):
+        problems.append(("read_only", "a run that only reads cannot also only write "
+                                      "(write_only)"))
     layout_ranks = table["tp"] * table["pp"] * table["dp"]
     if table["ranks"] > layout_ranks:
         problems.append(("ranks", f"{table['ranks']} processes for a {layout_ranks}-rank layout"))
@@ -590,52 +592,6 @@ def _plan_document(table: dict) -> tuple[dict, list[str]]:
     return {**plan.summary(), "derivation": text}, text.splitlines()
 
 
-def _flags(p) -> None:
-    add_field_flag(p, FIELDS, "backend")
-    # a flag not given leaves the profile's value; without a profile, _defaults' or the field's
-    p.add_argument("--model", choices=sorted(MODELS), help="default llama3.1-8b")
-    p.add_argument("--recipe", choices=sorted(RECIPES), help="default mixed-adam")
-    p.add_argument("--tp", type=_positive, help="tensor-parallel ranks")
-    p.add_argument("--pp", type=_positive, help="pipeline-parallel ranks")
-    p.add_argument("--dp", type=_positive, help="data-parallel ranks")
-    p.add_argument("--zero", type=int, choices=(0, 1, 3), help="ZeRO stage")
-    p.add_argument("--scale", type=float, help="shrink every tensor (0 < s <= 1)")
-    p.add_argument("--ranks", type=_positive,
-                   help="processes on this host (default: every rank of the layout)")
-    p.add_argument("--subset", action="store_true", default=None,
-                   help="MLPerf's subset mode, for node-local storage: 8 processes (or --ranks) "
-                        "write 8/(TP x PP x DP) of the checkpoint, each the mean rank's share")
-    p.add_argument("--count", type=_positive,
-                   help="checkpoints to write (default 1; with --procedure mlperf-v2, 10 a run)")
-    p.add_argument("--procedure", choices=("passes", "mlperf-v2"),
-                   help="mlperf-v2: MLPerf Storage v2.0's runs: --count writes, the page cache "
-                        "cleared, then as many reads, verified; --runs of them")
-    p.add_argument("--runs", type=_positive, help="mlperf-v2 runs (default 5)")
-    p.add_argument("--restore", action="store_true", default=None,
-                   help="restore and verify the last one")
-    phase = p.add_mutually_exclusive_group()
-    phase.add_argument("--write-only", action="store_true", default=None,
-                       help="write and stop: a complete set for a later --read-only")
-    phase.add_argument("--read-only", metavar="DIR", default=None,
-                       help="restore and verify the checkpoint in DIR (the directory holding "
-                            "manifest.json), written by an earlier run or another host")
-    p.add_argument("--baseline", action="store_true", default=None,
-                   help="also time torch.save and torch.load of the same tensors")
-    p.add_argument("--keep", type=_positive, help="checkpoints kept (default 2)")
-    p.add_argument("--plan", action="store_true",
-                   help="print every rank's size and the arithmetic, and stop")
-    p.add_argument("--seed", type=int, default=1)
-
-
-def _given(args) -> dict:
-    return {"model": args.model, "recipe": args.recipe, "tp": args.tp, "pp": args.pp,
-            "dp": args.dp, "zero": args.zero, "scale": args.scale, "ranks": args.ranks,
-            "subset": args.subset,
-            "retention": args.keep, "procedure": args.procedure, "runs": args.runs,
-            "per_pass": args.count, "restore": args.restore, "baseline": args.baseline,
-            "write_only": args.write_only, "read_only": args.read_only, "backend": args.backend}
-
-
 def _defaults(given: dict) -> dict:
     """A quick run without a profile: the 8B model, one pass of one checkpoint (ten a run with
     the MLPerf procedure), no restore or torch baseline unless asked for. The MLPerf procedure
@@ -689,8 +645,6 @@ FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore
                 remove=remove, plan=_plan, filesystem=True,
                 reads_from=lambda table: table.get("read_only"),
                 fit=lambda table, room, need: {"scale": table["scale"] * room / need * FIT_MARGIN},
-                flags=Flags(add=_flags, given=_given, defaults=_defaults, keep=lambda args: True,
-                            dry_run=lambda args, table: _plan_document(table) if args.plan
-                            else None,
+                flags=Flags(defaults=_defaults, keeps=True, explain=_plan_document,
                             shared_target=lambda: "RANK" in os.environ and
                             "WORLD_SIZE" in os.environ))

@@ -14,8 +14,7 @@ import numpy as np
 from qual import honesty
 from qual.units import format_duration, format_quantity
 from qual.engine import QualError, TargetUnavailable
-from qual.workloads.base import (FIT_MARGIN, Family, Flags, ResultOutcome, add_field_flag,
-                                 backend_field, positive)
+from qual.workloads.base import FIT_MARGIN, Family, ResultOutcome, backend_field
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -64,7 +63,8 @@ FIELDS = (
     Field("epochs", "count", default=1),
     Field("warmup", "count", default=10, minimum=0),
     Field("steps", "count", default=100, help="measured steps after the warm-up (seed: 100)"),
-    Field("loaders", "choices", default=list(LOADERS), choices=LOADERS),
+    Field("loaders", "choices", default=list(LOADERS), choices=LOADERS, aliases=("--loader",),
+          words=(("both", list(LOADERS)),), help="the loaders compared"),
     Field("page_size", "size", default="4 KiB"),
     Field("page_cache", "bool", default=True,
           help="GIDS's software cache; off, every gather reads all it needs (a removal test)"),
@@ -397,38 +397,6 @@ class GnnOutcome(ResultOutcome):
         return out
 
 
-def _flags(p) -> None:
-    add_field_flag(p, FIELDS, "backend")
-    # no defaults here: a flag not given leaves the profile's value, or the field's default
-    p.add_argument("--dataset",
-                   help="'synthetic' (generated on the target) or the root of a downloaded IGBH")
-    p.add_argument("--size", choices=list(SIZES))
-    p.add_argument("--scale", type=float, help="synthetic: share of the nodes")
-    p.add_argument("--loader", choices=("gids", "mmap", "both"))
-    p.add_argument("--steps", type=positive, help="measured steps (seed: 100)")
-    p.add_argument("--warmup", type=int)
-    p.add_argument("--epochs", type=positive)
-    p.add_argument("--batch-size", type=positive)
-    p.add_argument("--fanouts", help="neighbours per hop, e.g. 10,5")
-    p.add_argument("--keep", action="store_true",
-                   help="keep the generated dataset and feature store for the next run")
-    p.add_argument("--seed", type=int, default=1)
-
-
-def _given(args) -> dict:
-    fanouts = args.fanouts
-    if fanouts is not None:
-        try:
-            fanouts = [int(f) for f in fanouts.split(",")]
-        except ValueError:
-            pass  # the table check says what is wrong with it
-    loaders = {None: None, "both": list(LOADERS)}.get(args.loader, [args.loader])
-    return {"dataset": args.dataset, "size": args.size, "scale": args.scale,
-            "loaders": loaders, "steps": args.steps, "warmup": args.warmup,
-            "epochs": args.epochs, "batch_size": args.batch_size, "fanouts": fanouts,
-            "backend": args.backend}
-
-
 # qual's reference host (2 cores, KVM), ci profile (IGBH tiny at 0.2, batch 512, fanouts 5,3,
 # hidden 64, 2 heads): generating the synthetic IGBH and its feature store took 9 s of CPU for
 # 110 k nodes, and an RGAT step through the GIDS loader 0.38 s
@@ -474,7 +442,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
 
 FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on "
                 "IGBH", fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run,
-                remove=remove, flags=Flags(add=_flags, given=_given), plan=_plan,
+                remove=remove, plan=_plan,
                 filesystem=True, fit=lambda table, room, need: {
                     "scale": table["scale"] * room / need * FIT_MARGIN}
                 if table["dataset"] == "synthetic" else {})

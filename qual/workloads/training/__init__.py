@@ -13,8 +13,7 @@ import time
 import numpy as np
 
 from qual import engine, honesty
-from qual.workloads.base import (FIT_MARGIN, Family, Flags, ResultOutcome, add_field_flag,
-                                 backend_field, positive)
+from qual.workloads.base import FIT_MARGIN, Family, Flags, ResultOutcome, backend_field
 from qual.family import Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
@@ -60,10 +59,12 @@ FIELDS = (
     Field("accelerators", "counts", default=[1, 2, 4, 6, 8, 16, 32]),
     Field("epochs", "counts", default=[5], help="a run per value (seed 001: 5 and 1)"),
     Field("au_floor", "ratio", help="AU that counts as keeping up (default: the workload's)"),
-    Field("direct", "bool", default=True, help="O_DIRECT; false reads through the page cache"),
-    Field("block_size", "size", default="1 MiB", help="bytes per read"),
-    Field("queue_depth", "count", default=8, maximum=4096, help="reads in flight per read thread"),
-    Field("shuffle_seed", "count", minimum=0,
+    Field("direct", "bool", default=True, negations=("--page-cache",),
+          help="O_DIRECT; no (or --page-cache) reads through the page cache"),
+    Field("block_size", "size", default="1 MiB", aliases=("--bs",), help="bytes per read"),
+    Field("queue_depth", "count", default=8, maximum=4096, aliases=("--iodepth",),
+          help="reads in flight per read thread"),
+    Field("shuffle_seed", "count", minimum=0, aliases=("--seed",),
           help="file order seed (default: a new one every run, as MLPerf v2.0 asks)"),
     Field("data_seed", "count", default=0, minimum=0),
     Field("calibrate", "bool", default=True, help="measure the AU ceiling without storage"),
@@ -358,40 +359,6 @@ class TrainingOutcome(ResultOutcome):
                 "MiB/s vs accelerators": charts.sweep_chart(self, "bw")}
 
 
-def _flags(p) -> None:
-    add_field_flag(p, FIELDS, "backend")
-    # a flag not given leaves the profile's value; without a profile, _defaults' or the field's
-    p.add_argument("--workload", choices=list(WORKLOADS))
-    p.add_argument("--accelerators", type=positive, help="default 1 (a profile: its list)")
-    p.add_argument("--epochs", type=positive, help="default 1 (a profile: its list)")
-    p.add_argument("--files", type=positive, help="default: the workload's")
-    p.add_argument("--record-scale", type=float,
-                   help="scales every sample's size, for small targets")
-    p.add_argument("--batch-size", type=positive)
-    p.add_argument("--computation-time", help="per step, e.g. 0.323s or 50ms")
-    p.add_argument("--read-threads", type=positive)
-    p.add_argument("--bs", help="bytes per read (default 1M)")
-    p.add_argument("--iodepth", type=positive, help="reads in flight per thread (default 8)")
-    p.add_argument("--page-cache", action="store_true", default=None,
-                   help="read without O_DIRECT")
-    p.add_argument("--no-calibrate", action="store_true", default=None,
-                   help="skip the no-storage run that measures the AU ceiling")
-    p.add_argument("--seed", type=int, default=None,
-                   help="file order seed (default: a new one every run)")
-    p.add_argument("--keep", action="store_true", help="keep the dataset for the next run")
-
-
-def _given(args) -> dict:
-    one = lambda v: None if v is None else [v]  # noqa: E731
-    return {"workload": args.workload, "accelerators": one(args.accelerators),
-            "epochs": one(args.epochs), "files": args.files, "record_scale": args.record_scale,
-            "batch_size": args.batch_size, "computation_time": args.computation_time,
-            "read_threads": args.read_threads, "block_size": args.bs,
-            "queue_depth": args.iodepth, "direct": False if args.page_cache else None,
-            "calibrate": False if args.no_calibrate else None, "shuffle_seed": args.seed,
-            "backend": args.backend}
-
-
 def _defaults(given: dict) -> dict:
     """A quick run without a profile: one accelerator count, one epoch."""
     return {"accelerators": [1], "epochs": [1]}
@@ -463,4 +430,4 @@ FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with 
                 check=_check, cells=_cells, run=run, remove=remove, command="train",
                 plan=_plan, filesystem=True,
                 fit=_fit,
-                flags=Flags(add=_flags, given=_given, defaults=_defaults), feasible=_feasible)
+                flags=Flags(defaults=_defaults), feasible=_feasible)
