@@ -50,6 +50,43 @@ def test_a_read_that_never_completes_ends_with_a_stall_error(stalled_file, backe
     assert "command timeout 1.0 s" in str(e.value)
 
 
+def _threads_in(call: str) -> int:
+    """Threads of this process now inside the system call `call` (by /proc, as the watchdog
+    reads them)."""
+    from qual.watchdog import SYSCALLS
+    number = next(n for n, name in SYSCALLS.items() if name == call)
+    found = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            line = Path(f"/proc/self/task/{tid}/syscall").read_text()
+        except OSError:
+            continue
+        found += line.split()[0] == str(number)
+    return found
+
+
+def test_psync_has_one_read_in_flight_whatever_the_depth(stalled_file):
+    """psync is synchronous, as fio's is: a job asking for depth 8 has one read outstanding,
+    decided where the queue opens (ioq_open), not by each client."""
+    failed = []
+
+    def job():
+        try:
+            run_job(IoJob(target=str(stalled_file), op="read", pattern="random", block_size=4096,
+                          size=MiB, bytes=MiB, queue_depth=8, direct=False, backend="psync",
+                          command_timeout=3.0))
+        except Stalled as e:
+            failed.append(e)
+
+    t = threading.Thread(target=job)
+    t.start()
+    time.sleep(1.5)  # every read the job will issue is issued, and none comes back
+    in_pread = _threads_in("pread64")
+    t.join(10)
+    assert failed and not t.is_alive()
+    assert in_pread == 1
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ctrl_c_during_a_stall_returns_within_2_s(stalled_file, backend):
     """Ctrl-C one second into a read that never completes (the command timeout is 30 s)."""

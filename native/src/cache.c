@@ -66,7 +66,7 @@ int fcache_queue(struct qual_fcache *c)
     struct ioq_opts qo = {
         .backend = c->backend,
         .fd = c->fd,
-        .depth = c->backend == QUAL_BACKEND_IO_URING ? c->o.queue_depth : 1,
+        .depth = c->o.queue_depth,
         .buf_len = 0, /* reads land in the cache's slots */
         .client_mem = c->mem,
         .client_mem_len = c->o.capacity * c->o.page_size,
@@ -280,7 +280,7 @@ int qual_fcache_set_cpu_buffer(struct qual_fcache *c, const int64_t *rows, uint6
     struct ioq_opts qo = {
         .backend = c->backend,
         .fd = c->fd,
-        .depth = c->backend == QUAL_BACKEND_IO_URING ? c->o.queue_depth : 1,
+        .depth = c->o.queue_depth,
         .buf_len = c->o.row_stride,
         .align = c->o.page_size,
         .submit_batch = 0,

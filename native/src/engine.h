@@ -101,7 +101,8 @@ struct ioq_client {
 struct ioq_opts {
     int backend;              /* resolved: QUAL_BACKEND_IO_URING or QUAL_BACKEND_PSYNC */
     int fd;
-    unsigned depth;           /* I/Os in flight at most */
+    unsigned depth;           /* I/Os in flight at most (io_uring; psync runs one at a time, as
+                               * fio's psync ignores iodepth: ioq_open decides) */
     size_t buf_len;           /* the queue's buffer per slot (0: the client brings memory) */
     size_t align;             /* of those buffers */
     void *client_mem;         /* without queue buffers: the client's memory that I/Os land in, */
@@ -128,6 +129,7 @@ int ioq_set_fd(struct ioq *q, int fd);
 void ioq_set_deadline(struct ioq *q, uint64_t deadline_ns);
 void ioq_set_cancel(struct ioq *q, const int *cancel);
 void *ioq_buf(struct ioq *q, unsigned slot);
+unsigned ioq_depth(const struct ioq *q); /* its slots: the depth asked for, 1 under psync */
 /* Run until next() has nothing more and nothing is in flight: 0, or the first failure (the
  * client's, the backend's, -ECANCELED, -ETIMEDOUT for a stall) with qual_last_error() set. */
 int ioq_run(struct ioq *q, const struct ioq_client *c);
@@ -144,7 +146,11 @@ void ioq_close_target(int fd, int stalled);
 
 /* ---- backends: leaves of the queue */
 struct ioq_backend {
-    int (*open)(struct ioq *q, void **state);
+    /* 0 where the backend works on this kernel, or a negative errno (qual_set_error). */
+    int (*probe)(void);
+    /* A backend state for the queue's options: `bufs` (bufs_len bytes) are its slot buffers,
+     * NULL where the client brings its memory (o->client_mem). */
+    int (*open)(const struct ioq_opts *o, void *bufs, size_t bufs_len, void **state);
     int (*set_fd)(void *state, int fd);
     void (*queue)(void *state, struct ioq_io *io);  /* stage one I/O */
     /* Hand staged I/Os over (submit) and wait up to timeout_ns for a completion (wait):
@@ -156,8 +162,5 @@ struct ioq_backend {
 };
 extern const struct ioq_backend ioq_uring_backend;
 extern const struct ioq_backend ioq_psync_backend;
-/* The queue's view for a backend: its options and slot buffers. */
-const struct ioq_opts *ioq_opts_of(const struct ioq *q);
-void *ioq_bufs(const struct ioq *q, size_t *total);
 
 #endif

@@ -46,7 +46,7 @@ int resolve_backend(int requested, int *chosen)
     *chosen = requested;
     if (requested == QUAL_BACKEND_PSYNC)
         return 0;
-    int probe = qual_io_uring_probe();
+    int probe = ioq_uring_backend.probe();
     if (probe == 0)
         *chosen = QUAL_BACKEND_IO_URING;
     else if (requested == QUAL_BACKEND_AUTO)
@@ -56,15 +56,14 @@ int resolve_backend(int requested, int *chosen)
     return 0;
 }
 
-const struct ioq_opts *ioq_opts_of(const struct ioq *q)
+int qual_io_uring_probe(void)
 {
-    return &q->o;
+    return ioq_uring_backend.probe();
 }
 
-void *ioq_bufs(const struct ioq *q, size_t *total)
+unsigned ioq_depth(const struct ioq *q)
 {
-    *total = q->bufs ? q->o.buf_len * q->o.depth : 0;
-    return q->bufs;
+    return q->o.depth;
 }
 
 void *ioq_buf(struct ioq *q, unsigned slot)
@@ -89,25 +88,30 @@ int ioq_open(struct ioq **out, const struct ioq_opts *o)
     if (!q)
         return qual_set_error(-ENOMEM, "cannot allocate a queue");
     q->o = *o;
+    /* psync is synchronous: one I/O at a time, whatever depth the client asks for (fio's
+     * psync ignores iodepth too); the one place this rule lives */
+    if (o->backend == QUAL_BACKEND_PSYNC)
+        q->o.depth = 1;
     if (!q->o.stall_ns)
         q->o.stall_ns = QUAL_UNBOUNDED;
     q->be = o->backend == QUAL_BACKEND_IO_URING ? &ioq_uring_backend : &ioq_psync_backend;
-    q->ios = calloc(o->depth, sizeof(*q->ios));
-    q->free_slots = calloc(o->depth, sizeof(*q->free_slots));
+    unsigned depth = q->o.depth;
+    q->ios = calloc(depth, sizeof(*q->ios));
+    q->free_slots = calloc(depth, sizeof(*q->free_slots));
     int rc = 0;
     if (!q->ios || !q->free_slots)
-        rc = qual_set_error(-ENOMEM, "cannot allocate %u I/O slots", o->depth);
+        rc = qual_set_error(-ENOMEM, "cannot allocate %u I/O slots", depth);
     if (!rc && o->buf_len) {
-        q->bufs = io_memory_alloc(o->buf_len * o->depth, o->align);
+        q->bufs = io_memory_alloc(o->buf_len * depth, o->align);
         if (!q->bufs)
             rc = qual_set_error(-ENOMEM, "cannot allocate %u x %zu bytes of I/O buffers",
-                                o->depth, o->buf_len);
+                                depth, o->buf_len);
     }
-    for (unsigned i = 0; i < o->depth; i++)
-        q->free_slots[i] = o->depth - 1 - i;
-    q->nfree = o->depth;
+    for (unsigned i = 0; i < depth; i++)
+        q->free_slots[i] = depth - 1 - i;
+    q->nfree = depth;
     if (!rc)
-        rc = q->be->open(q, &q->state);
+        rc = q->be->open(&q->o, q->bufs, q->bufs ? o->buf_len * depth : 0, &q->state);
     if (rc) {
         ioq_close(q);
         return rc;

@@ -93,9 +93,14 @@ static void psync_close(void *state, int wedged)
         pool_free(pl);
 }
 
-static int psync_open(struct ioq *q, void **state)
+static int psync_probe(void)
 {
-    const struct ioq_opts *o = ioq_opts_of(q);
+    return 0; /* pread and pwrite work everywhere */
+}
+
+static int psync_open(const struct ioq_opts *o, void *bufs, size_t bufs_len, void **state)
+{
+    (void)bufs, (void)bufs_len; /* the threads read and write the slots' buffers in place */
     struct pool *pl = calloc(1, sizeof(*pl));
     if (!pl)
         return qual_set_error(-ENOMEM, "cannot allocate a thread pool");
@@ -190,6 +195,7 @@ static int psync_reap(void *state, unsigned *slot, int64_t *res)
 }
 
 const struct ioq_backend ioq_psync_backend = {
+    .probe = psync_probe,
     .open = psync_open,
     .set_fd = psync_set_fd,
     .queue = psync_queue,

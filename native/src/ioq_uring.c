@@ -69,7 +69,7 @@ static int sys_register(int fd, unsigned opcode, const void *arg, unsigned nr)
 }
 
 /* io_uring must bound its waits (IORING_FEAT_EXT_ARG, Linux 5.11): without it, psync is used. */
-int qual_io_uring_probe(void)
+static int uring_probe(void)
 {
     struct io_uring_params p;
     memset(&p, 0, sizeof(p));
@@ -198,9 +198,8 @@ static int issues_without_blocking(int fd)
     }
 }
 
-static int uring_open(struct ioq *q, void **state)
+static int uring_open(const struct ioq_opts *o, void *bufs, size_t bufs_len, void **state)
 {
-    const struct ioq_opts *o = ioq_opts_of(q);
     struct ring *r = calloc(1, sizeof(*r));
     if (!r)
         return qual_set_error(-ENOMEM, "cannot allocate a ring");
@@ -208,7 +207,8 @@ static int uring_open(struct ioq *q, void **state)
     r->target_fd = o->fd;
     r->force_async = !issues_without_blocking(o->fd);
     r->buf_len = o->buf_len;
-    r->bufs = ioq_bufs(q, &r->bufs_len);
+    r->bufs = bufs;
+    r->bufs_len = bufs_len;
     if (!r->bufs && o->client_mem) { /* in units the kernel takes (1 GiB a buffer at most) */
         r->bufs = o->client_mem;
         r->bufs_len = o->client_mem_len;
@@ -347,6 +347,7 @@ static int uring_reap(void *state, unsigned *slot, int64_t *res)
 }
 
 const struct ioq_backend ioq_uring_backend = {
+    .probe = uring_probe,
     .open = uring_open,
     .set_fd = uring_set_fd,
     .queue = uring_queue,

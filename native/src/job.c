@@ -248,7 +248,7 @@ static void *worker_main(void *p)
         job_fail(run, rc, -1, 0, "%s", qual_last_error());
         __atomic_store_n(&run->setup_failed, 1, __ATOMIC_RELAXED);
     } else if (job->op != QUAL_OP_READ) {
-        for (unsigned i = 0; i < job->queue_depth; i++)
+        for (unsigned i = 0; i < ioq_depth(w->q); i++)
             qual_fill_random(ioq_buf(w->q, i), job->block_size,
                              job->seed ^ mix64(((uint64_t)w->index << 32) + i + 1));
     }
@@ -317,11 +317,11 @@ int qual_job_run(const struct qual_job *job, struct qual_ctl *ctl, struct qual_r
     if (rc)
         goto early;
     res->backend = backend;
-    uint64_t nthreads = (uint64_t)job->workers * (backend == QUAL_BACKEND_PSYNC
-                                                  ? job->queue_depth + 1 : 1);
+    /* psync: each worker and the one I/O thread its queue runs (ioq_open) */
+    uint64_t nthreads = (uint64_t)job->workers * (backend == QUAL_BACKEND_PSYNC ? 2 : 1);
     if (nthreads > MAX_THREADS) {
-        rc = qual_set_error(-EINVAL, "psync needs workers x (depth + 1) = %llu threads (max %u)",
-                            (unsigned long long)nthreads, MAX_THREADS);
+        rc = qual_set_error(-EINVAL, "%llu threads for %u workers is more than %u",
+                            (unsigned long long)nthreads, job->workers, MAX_THREADS);
         goto early;
     }
 

@@ -126,7 +126,7 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
         struct ioq_opts o = {
             .backend = r->backend,
             .fd = fd,
-            .depth = r->backend == QUAL_BACKEND_IO_URING ? r->o.queue_depth : 1,
+            .depth = r->o.queue_depth,
             .buf_len = r->o.block_size,
             .align = r->o.align,
             .submit_batch = 0,

@@ -258,7 +258,7 @@ int qual_verify_run(const char *path, const struct qual_verify_opts *o, struct q
     struct ioq_opts qo = {
         .backend = res->backend,
         .fd = fd,
-        .depth = res->backend == QUAL_BACKEND_IO_URING ? o->queue_depth : 1,
+        .depth = o->queue_depth,
         .buf_len = bs,
         .align = o->align,
         .submit_batch = 0,
