@@ -1,10 +1,11 @@
 """Measurements x profile x baseline -> verdicts: the one place a number becomes a pass or a
 fail, used by the pytest plugin and the `qual <family> --profile` command alike. A criterion on
 a measurement that claims the device but lacks the device's own counters is UNVERIFIED, not
-judged, unless the profile says `device_truth = "optional"` (then it carries a caveat); one whose
-context says why it cannot be a verdict (`unverifiable`: an mmap baseline not held to its
-memory) is UNVERIFIED whatever the profile says. A verdict on a measurement whose confidence
-interval holds the bound says so."""
+judged, unless the profile says `device_truth = "optional"` (then it carries a caveat); one that
+says why it cannot be a verdict (`unverifiable`: an mmap baseline not held to its memory) is
+UNVERIFIED whatever the profile says. A verdict on a measurement whose confidence interval holds
+the bound says so. The judge reads a measurement's typed fields (qual.record.Measurement), never
+a family's context keys."""
 
 from __future__ import annotations
 
@@ -57,18 +58,17 @@ class Judgement:
 
 
 def _straddles(v: Verdict, m: Measurement) -> tuple[str, ...]:
-    """A measurement with a confidence interval (context `interval`: low, high) that holds the
-    bound: the verdict stands on the mean, and says that the run cannot tell which side the
-    true value lies on."""
-    if "interval" not in m.context:
+    """A measurement with a confidence interval that holds the bound: the verdict stands on the
+    median (or mean), and says that the run cannot tell which side the true value lies on."""
+    if not m.spread_from:
         return ()
-    interval = m.context["interval"]
+    interval = m.interval
     if interval is None:
         return ("its spread is unknown (one sample): the run cannot say how sure the verdict is",)
     if not interval[0] < v.limit < interval[1]:
         return ()
     unit = v.criterion.unit
-    share = m.context.get("interval_confidence", 0.95)
+    share = m.interval_confidence
     return (f"the {share * 100:.3g} % interval {units.format_quantity(interval[0], unit)} .. "
             f"{units.format_quantity(interval[1], unit)} straddles the bound "
             f"{units.format_quantity(v.limit, unit)}: this run cannot tell which side the "
@@ -88,11 +88,10 @@ def judge(measurements: list[Measurement], profile: Profile,
                                   f"samples but the run completed {m.context.get('ops')}: "
                                   "lengthen the run")
             continue
-        ceiling = m.context.get("ceiling")  # the most the measuring setup itself can show
-        caveats = tuple(m.context.get("caveats", ()))
-        if criteria and m.context.get("unverifiable"):  # no profile setting can excuse these
-            out.unverified += [f"{c.id}: not judged, {m.context['unverifiable']}"
-                               for c in criteria]
+        ceiling = m.ceiling  # the most the measuring setup itself can show
+        caveats = tuple(m.caveats)
+        if criteria and m.unverifiable:  # no profile setting can excuse these
+            out.unverified += [f"{c.id}: not judged, {m.unverifiable}" for c in criteria]
             continue
         missing = unproven(m.context)
         if criteria and missing:
@@ -115,7 +114,7 @@ def judge(measurements: list[Measurement], profile: Profile,
                 out.verdicts.append(dataclasses.replace(
                     v, caveats=caveats + straddle, inconclusive=bool(
                         straddle and not v.passed and profile.straddle == "inconclusive"
-                        and m.context.get("interval"))))
+                        and m.interval)))
         if baseline:
             tolerance = next((c.tolerance for c in criteria if c.tolerance is not None),
                              profile.tolerance)

@@ -22,9 +22,21 @@ BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
              "samples": "samples/s", "temperature": "C", "ratio": "x", "count": "count"}
 
 
+# what the judge reads of a measurement besides its value: typed fields, written into the
+# record's `context` as before (so that records and baselines keep one schema)
+JUDGED = ("caveats", "ceiling", "unverifiable")
+SPREAD = ("interval", "interval_confidence", "repetitions")
+
+
 @dataclass
 class Measurement:
-    """One measured value in base units, with what produced it and its raw samples."""
+    """One measured value in base units, with what produced it and its raw samples; what the
+    judge reads besides the value is typed (docs/ARCHITECTURE.md, "What the core asks a
+    family"): `caveats` said beside any verdict on it, `interval` the value's confidence
+    interval drawn from `spread_from` values (repetitions, validation batches; 0: it claims
+    none, 1: one value, its spread unknown), `ceiling` the most the measuring setup itself can
+    show (a criterion above it cannot judge the drive), `unverifiable` why no profile may judge
+    it at all. `context` holds everything else, for people and the report."""
 
     id: str
     family: str
@@ -39,11 +51,24 @@ class Measurement:
     resolved: bool = True  # False: too few samples to support the value (e.g. a p99.99)
     comparable: bool = True  # False: too unstable to gate against a baseline (a maximum is
     #                          one sample; a tail percentile needs 10x the samples that resolve it)
+    caveats: list[str] = field(default_factory=list)
+    interval: list[float] | None = None
+    interval_confidence: float = 0.95
+    spread_from: int = 0
+    repetitions: list[float] | None = None  # every repetition's value, where it was repeated
+    ceiling: float | None = None
+    unverifiable: str | None = None
 
     def as_dict(self) -> dict:
         out = asdict(self)
         if isinstance(self.samples, dict):
             out["samples"] = {str(k): v for k, v in self.samples.items()}
+        typed = {k: out.pop(k) for k in (*JUDGED, *SPREAD, "spread_from")}
+        context = out["context"]
+        context.update({k: typed[k] for k in JUDGED if typed[k]})
+        if self.spread_from:
+            context.update({k: typed[k] for k in SPREAD if typed[k] is not None or
+                            k == "interval"})
         return out
 
     @property
@@ -58,12 +83,19 @@ class Measurement:
 
 def measure(family: str, metric: Metric, params: dict, value: float, *,
             context: dict | None = None, samples: object = None, resolved: bool = True,
-            comparable: bool = True) -> Measurement:
+            comparable: bool = True, caveats: list[str] | tuple[str, ...] = (),
+            interval: list[float] | None = None, spread_from: int = 0,
+            interval_confidence: float = 0.95, ceiling: float | None = None,
+            unverifiable: str | None = None) -> Measurement:
     return Measurement(id=measurement_id(metric, params), family=family, metric=metric.name,
                        params=dict(params), value=float(value),
                        unit=BASE_UNIT[metric.dimension], dimension=metric.dimension,
                        better=metric.better, context=dict(context or {}), samples=samples,
-                       resolved=resolved, comparable=resolved and comparable)
+                       resolved=resolved, comparable=resolved and comparable,
+                       caveats=list(caveats), interval=list(interval) if interval else None,
+                       spread_from=spread_from if interval is None else max(spread_from, 2),
+                       interval_confidence=interval_confidence, ceiling=ceiling,
+                       unverifiable=unverifiable)
 
 
 def with_repetitions(m: Measurement, values: list[float],
@@ -77,9 +109,10 @@ def with_repetitions(m: Measurement, values: list[float],
     confidence = ci.confidence
     if own and all(own) and len(values) > 1:
         interval = [min(i[0] for i in own), max(i[1] for i in own)]
-        confidence = m.context.get("confidence", confidence)
-    m.context.update(repetitions=list(values), single=values[-1], interval=interval,
-                     interval_confidence=confidence)
+        confidence = m.interval_confidence
+    m.context["single"] = values[-1]
+    m.repetitions, m.interval, m.interval_confidence = list(values), interval, confidence
+    m.spread_from = len(values)
     m.value = ci.value
     return m
 
@@ -94,7 +127,7 @@ def repeated(runs: list[list[Measurement]]) -> list[Measurement]:
         for m in run:
             by_id.setdefault(m.id, []).append(m)
     return [with_repetitions(ms[-1], [m.value for m in ms],
-                             [m.context.get("interval") for m in ms])
+                             [m.interval for m in ms])
             for ms in by_id.values()]
 
 
@@ -264,7 +297,7 @@ class Baseline:
         old = self.values.get(m.id)
         if old is None or not m.comparable:
             return None
-        return gate_values(m.id, m.context.get("repetitions") or [m.value], old["repetitions"],
+        return gate_values(m.id, m.repetitions or [m.value], old["repetitions"],
                            better=m.better,
                            tolerance=tolerance, dimension=m.dimension, label=self.label)
 

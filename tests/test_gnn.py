@@ -446,9 +446,10 @@ def test_a_budget_that_cannot_be_enforced_leaves_the_speedup_unverified(tmpfs):
     finally:
         budget.close()
     assert not budget.enforced and mmap_setup["steps_over_budget"] > 0
-    context = gnn.equal_memory({"memory_bytes": 8 << 20}, mmap_setup)
-    assert "could not hold it there" in context["unverifiable"]
-    speedup = measure(gnn.NAME, gnn.METRICS["gnn_speedup"], {}, 3.0, context=context)
+    context, unequal = gnn.equal_memory({"memory_bytes": 8 << 20}, mmap_setup)
+    assert "could not hold it there" in unequal
+    speedup = measure(gnn.NAME, gnn.METRICS["gnn_speedup"], {}, 3.0, context=context,
+                      unverifiable=unequal)
     judged = judge([speedup], load_profile("gen5-tlc", registry()))
     assert not judged.verdicts and "could not hold it there" in judged.unverified[0]
 
@@ -621,7 +622,7 @@ def test_an_accuracy_whose_interval_holds_the_bound_says_so(interval, straddles)
     """The verdict stands on the mean of the evaluation batches; where its 95 % interval holds
     the bound (or no spread is known) the verdict says the run cannot be sure."""
     m = measure(gnn.NAME, gnn.METRICS["gnn_accuracy"], {"loader": "gids"}, 0.72,
-                context={"interval": interval, "confidence": 0.95, "batches": 4})
+                context={"batches": 4}, interval=interval, spread_from=4)
     (verdict,) = judge([m], load_profile("ci", registry())).verdicts
     assert verdict.passed
     said = " ".join(verdict.caveats)

@@ -52,7 +52,7 @@ def test_a_file_is_not_purged_and_the_verdict_says_so(tmp_path):
     section = out.document()["latency"]
     assert section["purge"]["done"] is False
     assert any("no purge" in c for c in section["caveats"])
-    assert all(any("no purge" in c for c in m.context["caveats"]) for m in out.measurements())
+    assert all(any("no purge" in c for c in m.caveats) for m in out.measurements())
     stats = {m.params["stat"] for m in out.measurements()}
     assert stats == {"mean", "p99.99", "p99.9999", "max"}
     six_nines = [m for m in out.measurements() if m.params["stat"] == "p99.9999"]

@@ -56,16 +56,15 @@ def test_repetitions_are_interleaved_kept_and_judged_by_their_median(tmp_path):
 def test_a_bound_inside_the_repetitions_interval_carries_a_caveat():
     profile = load_profile(TINY_PROFILE, registry())  # seq_read_bw >= 1 MiB/s
     m = measure("bandwidth", METRICS["seq_read_bw"], {"bs": 65536, "qd": 4}, 2 << 20,
-                context={"interval": [0.5 * 2**20, 4 << 20], "interval_confidence": 0.75})
+                interval=[0.5 * 2**20, 4 << 20], interval_confidence=0.75)
     (verdict,) = judge([m], profile).verdicts
     assert verdict.passed
     assert any("the 75 % interval" in c and "straddles the bound" in c for c in verdict.caveats)
 
 
 def _seq_read(value: float, interval: list[float] | None):
-    context = {"interval": interval, "interval_confidence": 0.75} if interval else {}
     return measure("bandwidth", METRICS["seq_read_bw"], {"bs": 65536, "qd": 4}, value,
-                   context=context)
+                   interval=interval, interval_confidence=0.75)
 
 
 def test_a_pipeline_gate_calls_a_straddling_failure_inconclusive(tmp_path):
@@ -133,10 +132,10 @@ def test_a_repeated_outcome_judges_the_median_of_whole_runs():
 
     runs = Repeated([Run(v=v) for v in (3.0, 1.0, 2.0)])
     (m,) = runs.measurements()
-    assert m.value == 2.0 and m.context["repetitions"] == [3.0, 1.0, 2.0]
-    assert m.context["interval"] == [1.0, 3.0] and m.context["single"] == 2.0
+    assert m.value == 2.0 and m.repetitions == [3.0, 1.0, 2.0]
+    assert m.interval == [1.0, 3.0] and m.context["single"] == 2.0
     assert runs["v"] == 2.0  # everything else is the last repetition's
     # a figure with its own interval (an accuracy's) keeps the widest of them
     a = [_seq_read(0.7, [0.6, 0.8]), _seq_read(0.75, [0.65, 0.85])]
     (m,) = repeated([[a[0]], [a[1]]])
-    assert m.context["interval"] == [0.6, 0.85]
+    assert m.interval == [0.6, 0.85]

@@ -68,7 +68,7 @@ def test_a_write_cell_runs_in_rounds_and_reports_its_window(tmp_path):
     ss = bw.context["steady_state"]
     assert 5 <= ss["rounds"] <= 7 and len(ss["round_bw"]) == ss["rounds"]
     assert bw.value == pytest.approx(sum(ss["window_bw"]) / len(ss["window_bw"]))
-    assert ss["reached"] or "NOT achieved in 7 rounds" in bw.context["caveats"][0]
+    assert ss["reached"] or "NOT achieved in 7 rounds" in bw.caveats[0]
     assert said[0].startswith("preconditioning") and "steady state" in said[-1]
     # bytes, operations, latencies and the device's counts cover the whole window, not its
     # last round

@@ -88,8 +88,8 @@ class Recorder:
         __tracebackhide__ = True
         for m in self.measurements:
             fitted = self.judging.caveats.get(m.family)
-            if fitted and fitted not in m.context.get("caveats", ()):
-                m.context["caveats"] = [*m.context.get("caveats", ()), fitted]
+            if fitted and fitted not in m.caveats:
+                m.caveats.append(fitted)
         verdict = judge(self._combine(), self.judging.profile, self.judging.baseline)
         payload = {"measurements": [m.as_dict() for m in self.measurements], **verdict.as_dict()}
         self.item.user_properties.append((PAYLOAD, payload))

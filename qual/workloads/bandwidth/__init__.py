@@ -178,6 +178,7 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
 
     ss = table.get("steady_state")
     params = {"bs": cell.bs, "qd": cell.qd}
+    caveats = []
     if cell.op != "write" or not ss:
         _, (result, context) = one_round()
         bw, iops = result.bandwidth, result.iops
@@ -193,13 +194,15 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
             "range_share": state.range_share, "slope_share": state.slope_share,
             "round_bw": [r.bandwidth for r, _ in rounds]}}
         if not state.reached:
-            context["caveats"] = [f"{cell.label}: {state.describe()}"]
+            caveats.append(f"{cell.label}: {state.describe()}")
         if say:
             say(f"{cell.label}: {state.describe()}")
     bins = result.latency.to_bins()
     return [
-        measure(NAME, METRICS[f"{cell.pattern}_bw"], params, bw, context=context, samples=bins),
-        measure(NAME, METRICS[f"{cell.pattern}_iops"], params, iops, context=context),
+        measure(NAME, METRICS[f"{cell.pattern}_bw"], params, bw, context=context, samples=bins,
+                caveats=caveats),
+        measure(NAME, METRICS[f"{cell.pattern}_iops"], params, iops, context=context,
+                caveats=caveats),
     ]
 
 

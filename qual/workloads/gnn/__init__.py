@@ -291,8 +291,9 @@ def measurements(result: dict, target: str) -> list[Measurement]:
                "measured": r["measured"], "setup": r["setup"]}
         timed = {**ctx, **proof} if name == "gids" else ctx
         out.append(measure(NAME, METRICS["gnn_accuracy"], {"loader": name}, r["accuracy"],
-                           context={**ctx, "interval": r["accuracy_interval"],
-                                    "confidence": 0.95, "batches": r["accuracy_batches"]}))
+                           context={**ctx, "batches": r["accuracy_batches"]},
+                           interval=r["accuracy_interval"], interval_confidence=0.95,
+                           spread_from=r["accuracy_batches"]))
         out.append(measure(NAME, METRICS["gnn_e2e_s"], {"loader": name}, r["e2e_s"],
                            context={**timed, "stages": r["stages"]}))
         for stage, seconds in r["stages"].items():
@@ -309,32 +310,33 @@ def measurements(result: dict, target: str) -> list[Measurement]:
             out.append(measure(NAME, METRICS["gnn_effective_bw"], {"loader": name},
                                r["rows"] * row_bytes / r["stages"]["gather"], context=timed))
     if set(LOADERS) <= set(loaders) and loaders["gids"]["e2e_s"]:
+        memory, unequal = equal_memory(loaders["gids"]["setup"], loaders["mmap"]["setup"])
         out.append(measure(NAME, METRICS["gnn_speedup"], {},
                            loaders["mmap"]["e2e_s"] / loaders["gids"]["e2e_s"],
                            context={"target": target, "gids_e2e_s": loaders["gids"]["e2e_s"],
-                                    "mmap_e2e_s": loaders["mmap"]["e2e_s"], **proof,
-                                    **equal_memory(loaders["gids"]["setup"],
-                                                   loaders["mmap"]["setup"])}))
+                                    "mmap_e2e_s": loaders["mmap"]["e2e_s"], **proof, **memory},
+                           unverifiable=unequal))
     return out
 
 
-def equal_memory(gids: dict, mmap: dict) -> dict:
-    """Both loaders' host memory for features and the baseline's measured residency; a speedup
-    is only a verdict when the baseline had as much memory as GIDS and was held to it."""
+def equal_memory(gids: dict, mmap: dict) -> tuple[dict, str | None]:
+    """Both loaders' host memory for features and the baseline's measured residency, and why
+    the speedup is no verdict (None: it is): only when the baseline had as much memory as GIDS
+    and was held to it."""
     out = {"gids_memory_bytes": gids["memory_bytes"], "mmap_memory_bytes": mmap["memory_bytes"],
            "mmap_memory": {k: mmap[k] for k in ("mode", "steps_measured", "max_resident_bytes",
                                                 "steps_over_budget")}}
     size = lambda n: format_quantity(n, dimension="size")  # noqa: E731
     if mmap["steps_over_budget"]:
-        out["unverifiable"] = (
+        return out, (
             f"the mmap baseline's page cache exceeded its {size(mmap['memory_bytes'])} budget "
             f"(plus the step's own rows) at {mmap['steps_over_budget']} of "
             f"{mmap['steps_measured']} steps, up to {size(mmap['max_resident_bytes'])}: "
             f"{mmap['mode']} mode could not hold it there")
-    elif mmap["memory_bytes"] < gids["memory_bytes"]:
-        out["unverifiable"] = (f"the mmap baseline had {size(mmap['memory_bytes'])} of host "
-                               f"memory, GIDS {size(gids['memory_bytes'])}")
-    return out
+    if mmap["memory_bytes"] < gids["memory_bytes"]:
+        return out, (f"the mmap baseline had {size(mmap['memory_bytes'])} of host memory, "
+                     f"GIDS {size(gids['memory_bytes'])}")
+    return out, None
 
 
 

@@ -240,14 +240,14 @@ def run_wsat(target: Target, table: dict, *, seed: int, say=None) -> dict:
 def _measure_test(test: str, merged: dict, ss: dict, caveats: list[str]) -> list[Measurement]:
     out = []
     for p, (result, context) in merged.items():
-        context = {**context, "steady_state": ss, **({"caveats": caveats} if caveats else {})}
+        context = {**context, "steady_state": ss}
         if test == "iops":
             out.append(measure(NAME, METRICS["pts_iops"], {"rwmix": p.rwmix, "bs": p.bs},
-                               result.iops, context=context))
+                               result.iops, context=context, caveats=caveats))
         elif test == "throughput":
             op = "read" if p.rwmix == 100 else "write"
             out.append(measure(NAME, METRICS["pts_tp"], {"op": op, "bs": p.bs},
-                               result.bandwidth, context=context))
+                               result.bandwidth, context=context, caveats=caveats))
         else:
             lat = result.latency
             for stat in LATENCY_STATS:
@@ -258,7 +258,7 @@ def _measure_test(test: str, merged: dict, ss: dict, caveats: list[str]) -> list
                 out.append(measure(NAME, METRICS["pts_lat"],
                                    {"rwmix": p.rwmix, "bs": p.bs, "stat": stat}, value / 1e9,
                                    context={**context, "samples_needed": needed},
-                                   resolved=lat.count >= needed,
+                                   caveats=caveats, resolved=lat.count >= needed,
                                    comparable=stat != "max" and lat.count >= 10 * needed))
     return out
 
@@ -365,9 +365,10 @@ def run_test(target: Target, table: dict, test: str, *, seed: int = 1,
     if test == "wsat":
         wsat = run_wsat(target, table, seed=seed, say=say)
         context = {**wsat.pop("context"), "steady_state": wsat["steady_state"],
-                   "curve": wsat["rounds"], **({"caveats": caveats} if caveats else {})}
+                   "curve": wsat["rounds"]}
         section.update(wsat)
-        found = [measure(NAME, METRICS["pts_wsat_iops"], {}, wsat["iops"], context=context)]
+        found = [measure(NAME, METRICS["pts_wsat_iops"], {}, wsat["iops"], context=context,
+                         caveats=caveats)]
     else:
         ss, merged = run_steady_test(target, table, test, seed=seed, say=say)
         if not ss["reached"]:

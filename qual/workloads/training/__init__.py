@@ -286,18 +286,19 @@ def measurements(result: dict, target: Target) -> list[Measurement]:
         p = {"accelerators": n, "epochs": e}
         ctx = {"target": name, "workload": result["workload"]["name"],
                "steps_per_epoch": r["steps_per_epoch"], "shuffle_seed": result["shuffle_seed"],
-               "caveats": caveats(result, n), **_check_run(r, target)}
+               **_check_run(r, target)}
+        said = caveats(result, n)
         calib = result["calibration"].get(n)
         au_ctx = {**ctx, "per_epoch": [x["au_mean"] for x in r["per_epoch"]]}
-        if calib:  # a criterion above what the simulator reaches cannot be judged
-            au_ctx["ceiling"] = calib["au_mean"]
+        # a criterion above what the simulator reaches without storage cannot be judged
+        ceiling = calib["au_mean"] if calib else None
         out.append(measure(NAME, METRICS["train_au"], p, r["au_mean"], context=au_ctx,
-                           samples=au_ctx["per_epoch"]))
+                           samples=au_ctx["per_epoch"], caveats=said, ceiling=ceiling))
         out.append(measure(NAME, METRICS["train_au_min_epoch"], p, r["au_min_epoch"],
-                           context=au_ctx))
+                           context=au_ctx, caveats=said, ceiling=ceiling))
         out.append(measure(NAME, METRICS["train_samples_per_s"], p, r["samples_per_s"],
-                           context=ctx))
-        out.append(measure(NAME, METRICS["train_bw"], p, r["bw_bytes"], context=ctx,
+                           context=ctx, caveats=said))
+        out.append(measure(NAME, METRICS["train_bw"], p, r["bw_bytes"], context=ctx, caveats=said,
                            samples=[x["bw_bytes"] for x in r["per_epoch"]]))
         if r["device_read_bytes"] is not None and r["bytes"]:
             out.append(measure(NAME, METRICS["train_device_read_share"], p,
