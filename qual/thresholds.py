@@ -481,8 +481,10 @@ def _parse_value(f: Field, value, label, where, problems):
         if not isinstance(value, bool):
             raise units.UnitError(f"{value!r} is not true or false")
         return value
-    if kind == "choice":
-        if value not in f.choices:
+    if kind == "choice":  # no choices: any name, the family's check says which it knows
+        if not f.choices and (not isinstance(value, str) or not value.strip()):
+            raise units.UnitError(f"{value!r} is not a name")
+        if f.choices and value not in f.choices:
             raise units.UnitError(f"{value!r} is not one of {', '.join(f.choices)}")
         return value
     raise AssertionError(f"field kind {kind!r}")

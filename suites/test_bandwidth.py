@@ -8,7 +8,7 @@ import pytest
 from qual.workloads import bandwidth
 from qual.workloads.bandwidth import charts
 
-pytestmark = [pytest.mark.bandwidth, pytest.mark.usefixtures("drive_health")]
+pytestmark = [pytest.mark.bandwidth]
 
 
 def pytest_generate_tests(metafunc):
@@ -58,11 +58,3 @@ def test_charts(session_measurements, record):
     if not any(m["metric"].endswith("_bw") for m in cells):
         pytest.skip("no bandwidth cell ran in this process")
     record.attach("bandwidth heatmap", charts.heatmaps(cells, "bandwidth matrix (GiB/s)"))
-
-
-@allure.feature("drive health")
-def test_drive_health(drive_health, record):
-    """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
-    headroom, bytes the drive counted as written."""
-    drive_health.record(record)

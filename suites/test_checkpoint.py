@@ -9,8 +9,7 @@ import pytest
 from qual.workloads import checkpoint
 from qual.workloads.base import Repeated
 
-pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive,
-              pytest.mark.usefixtures("drive_health")]
+pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive]
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +36,14 @@ def test_mlperf_v2(outcome, table, target, record):
     """Per run: the writes, the page cache cleared, every checkpoint read back from the device
     and verified; MLPerf's figures (slowest rank) per run and over the runs."""
     _procedure(table, "mlperf-v2")
-    record.add(outcome.each(checkpoint.mlperf_measurements, str(target.path)))
+    record.add(outcome.measurements("mlperf"))
 
 
 @allure.feature("checkpoint passes")
 def test_passes(outcome, table, target, record):
     """Mean seconds per checkpoint in every pass, and each checkpoint's own seconds."""
     _procedure(table, "passes")
-    record.add(outcome.each(checkpoint.pass_measurements, str(target.path)))
+    record.add(outcome.measurements("passes"))
     record.attach("seconds per checkpoint", outcome.charts()["seconds per checkpoint"])
 
 
@@ -54,7 +53,7 @@ def test_restore(outcome, table, target, record):
     _procedure(table, "passes")
     if not table["restore"]:
         pytest.skip("the profile does not restore")
-    record.add(outcome.each(checkpoint.restore_measurements, str(target.path)))
+    record.add(outcome.measurements("restore"))
 
 
 @allure.feature("torch baseline")
@@ -63,12 +62,4 @@ def test_torch_baseline(outcome, table, target, record):
     _procedure(table, "passes")
     if not table["baseline"]:
         pytest.skip("the profile has no torch baseline")
-    record.add(outcome.each(checkpoint.baseline_measurements, str(target.path)))
-
-
-@allure.feature("drive health")
-def test_drive_health(drive_health, record):
-    """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
-    headroom, bytes the drive counted as written."""
-    drive_health.record(record)
+    record.add(outcome.measurements("baseline"))

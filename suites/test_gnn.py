@@ -10,7 +10,7 @@ from qual.workloads import gnn
 from qual.workloads.base import Repeated
 from qual.workloads.gnn import charts
 
-pytestmark = [pytest.mark.gnn, pytest.mark.usefixtures("drive_health")]
+pytestmark = [pytest.mark.gnn]
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +78,3 @@ def test_gids_features_reach_the_accelerator(table, target):
         assert np.array_equal(got.view(np.uint32), store.memmap()[rows].view(np.uint32))
     finally:
         loader.close()
-
-
-@allure.feature("drive health")
-def test_drive_health(drive_health, record):
-    """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
-    headroom, bytes the drive counted as written."""
-    drive_health.record(record)

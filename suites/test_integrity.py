@@ -7,8 +7,7 @@ import pytest
 
 from qual.workloads import integrity
 
-pytestmark = [pytest.mark.integrity, pytest.mark.destructive,
-              pytest.mark.usefixtures("drive_health")]
+pytestmark = [pytest.mark.integrity, pytest.mark.destructive]
 
 
 @pytest.fixture(params=integrity.PATTERNS)
@@ -29,11 +28,3 @@ def test_blocks_read_back_as_written(pattern, table, target, record, progress):
     if check.bad_blocks > len(check.bad):
         print(f"... {check.bad_blocks - len(check.bad)} more bad blocks")
     record.add(integrity.measurements(result, target))
-
-
-@allure.feature("drive health")
-def test_drive_health(drive_health, record):
-    """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
-    headroom, bytes the drive counted as written."""
-    drive_health.record(record)

@@ -7,7 +7,7 @@ import pytest
 
 from qual.workloads import pts
 
-pytestmark = [pytest.mark.pts, pytest.mark.destructive, pytest.mark.usefixtures("drive_health")]
+pytestmark = [pytest.mark.pts, pytest.mark.destructive]
 
 
 def pytest_generate_tests(metafunc):
@@ -27,11 +27,3 @@ def test_pts(pts_test, table, target, record, progress):
         print(line)
     record.attach(f"PTS {pts_test} report", outcome.report_text(), kind="text")
     record.outcome(outcome)
-
-
-@allure.feature("drive health")
-def test_drive_health(drive_health, record):
-    """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
-    headroom, bytes the drive counted as written."""
-    drive_health.record(record)

@@ -10,7 +10,7 @@ from qual.workloads import training
 from qual.workloads.base import Repeated
 from qual.workloads.training import charts
 
-pytestmark = [pytest.mark.training, pytest.mark.usefixtures("drive_health")]
+pytestmark = [pytest.mark.training]
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +55,3 @@ def test_accelerators_per_drive(outcome, record):
 def test_dataset_size(outcome, record):
     """Files against MLPerf Storage's minimum (500 steps of every accelerator, 5x host RAM)."""
     record.add(_pick(outcome, "train_dataset_share"))
-
-
-@allure.feature("drive health")
-def test_drive_health(drive_health, record):
-    """The SMART health log before and after this suite: critical warning, media errors,
-    error-log entries, the hottest temperature sampled through it, thermal transitions, spare
-    headroom, bytes the drive counted as written."""
-    drive_health.record(record)

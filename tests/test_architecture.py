@@ -12,7 +12,8 @@ from qual.workloads import registry
 
 QUAL = Path(__file__).resolve().parent.parent / "qual"
 CORE = ["judge.py", "feasibility.py", "thresholds.py", "record.py", "report.py", "cli.py",
-        "command.py", *(f"plugin/{p.name}" for p in (QUAL / "plugin").glob("*.py"))]
+        "command.py", "flags.py", "family.py", "plan.py",
+        *(f"plugin/{p.name}" for p in (QUAL / "plugin").glob("*.py"))]
 
 
 def family_words() -> set[str]:
@@ -34,6 +35,25 @@ def test_no_core_module_names_a_family_or_its_metrics():
                 line = text.count("\n", 0, m.start()) + 1
                 found.append(f"qual/{name}:{line}: {word}")
     assert not found, "the core names a family:\n" + "\n".join(found)
+
+
+def family_imports(text: str) -> list[str]:
+    """The family modules a source imports (qual.workloads.<folder>, or from qual.workloads)."""
+    folders = {p.name for p in (QUAL / "workloads").iterdir() if (p / "__init__.py").exists()}
+    found = re.findall(r"qual\.workloads\.(\w+)", text)
+    for names in re.findall(r"from qual\.workloads import ([\w, ]+)", text):
+        found += [n.strip() for n in names.split(",")]
+    return sorted(set(found) & folders)
+
+
+def test_no_core_module_imports_a_family():
+    """The plugin watched drive health by importing the health family; a watcher is now a hook
+    of the family (Family.watch), so no core module imports one."""
+    found = [f"qual/{name}: {', '.join(family_imports((QUAL / name).read_text()))}"
+             for name in CORE if family_imports((QUAL / name).read_text())]
+    assert not found, "the core imports a family:\n" + "\n".join(found)
+    assert family_imports("from qual.workloads import health") == ["health"]
+    assert family_imports("import qual.workloads.checkpoint.ranks") == ["checkpoint"]
 
 
 def test_the_check_sees_a_family_name_where_one_is_written():

@@ -23,6 +23,7 @@ from qual.engine import DataMismatch, Fault, NoSpace, QualError
 from qual.target import Target
 from qual.thresholds import family_table
 from qual.workloads import checkpoint
+from qual.workloads.checkpoint import ranks
 from qual.workloads.checkpoint.plan import (DTYPE_BYTES, MLPERF_LAYOUTS, REFERENCES, Layout,
                                             build_plan, describe)
 from qual.workloads.checkpoint.store import MANIFEST, CheckpointStore, IncompleteCheckpoint
@@ -417,21 +418,20 @@ def test_enospc_mid_checkpoint_leaves_the_earlier_ones_restorable(tmp_path, loop
 def test_a_rank_error_stops_every_rank(tmp_path):
     """A plan that does not fit its layout fails in the ranks; none is left running."""
     with pytest.raises(QualError, match="processes for a 2-rank layout"):
-        checkpoint.launch({**_job(tmp_path), "plan": {"model": "llama3.1-8b", "tp": 2, "pp": 1,
-                                                      "dp": 1, "zero": 0, "recipe": "mixed-adam",
-                                                      "scale": 1e-4}}, 3, tmp_path)
+        checkpoint.launch(_job(tmp_path, plan={"model": "llama3.1-8b", "tp": 2, "pp": 1,
+                                               "dp": 1, "zero": 0, "recipe": "mixed-adam",
+                                               "scale": 1e-4}), 3, tmp_path)
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)],  # its ranks name its job file
                               capture_output=True, text=True).stdout.split()
     assert str(os.getpid()) not in leftover and leftover == []
 
 
-def _job(tmp_path):
+def _job(tmp_path, plan):
     (tmp_path / "errors").mkdir(exist_ok=True)
-    return {"root": str(tmp_path), "passes": 1, "per_pass": 1, "retention": 1, "restore": False,
-            "baseline": False, "baseline_bytes": 1 << 20, "chunk_size": 1 << 20,
-            "queue_depth": 4, "align": 4096, "backend": "auto", "direct": True, "pool": 1 << 30,
-            "seed": 1, "timeout_s": 60, "result": str(tmp_path / "result.json"),
-            "errors": str(tmp_path / "errors"), "device": None}
+    return ranks.RankJob(root=str(tmp_path), plan=plan, passes=1, per_pass=1, retention=1,
+                         baseline_bytes=1 << 20, chunk_size=1 << 20, queue_depth=4, align=4096,
+                         backend="auto", pool=1 << 30, seed=1, timeout_s=60,
+                         result=str(tmp_path / "result.json"), errors=str(tmp_path / "errors"))
 
 
 def test_fill_to_utilisation_counts_what_fits(tmp_path):

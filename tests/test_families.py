@@ -109,6 +109,11 @@ def test_qual_run_records_and_reports_it(tmp_path):
     assert {m["id"] for m in test["measurements"]} == {"stamp_lat[pct=50]", "stamp_lat[pct=99]",
                                                        "stamp_rate"}
     assert record["summary"]["verdict"] == "PASS" and record["summary"]["checks_passed"] == 2
+    # the health watcher covers it as it covers qual's own families: its test ends the suite
+    suite = test["nodeid"].split("::")[0]
+    (watch,) = [t for t in record["tests"] if t["nodeid"] == f"{suite}::test_health"]
+    assert watch["outcome"] == "skipped" and "no SMART health log" in watch["message"]
+    assert record["tests"].index(watch) > record["tests"].index(test)
     allure = [json.loads(p.read_text()) for p in (results / "allure-results").glob("*-result.json")]
     (doc,) = [d for d in allure if d["name"].startswith("test_durable_writes")]
     assert any(a["name"] == "durable write latency" and a["type"] == "image/png"
@@ -120,6 +125,29 @@ def test_qual_run_records_and_reports_it(tmp_path):
     built = qual("report", str(results), "--out", str(out), cwd=tmp_path)
     assert built.returncode == 0, built.stdout + built.stderr
     assert (out / "index.html").exists() and not (out / "awesome").exists()
+
+
+def test_a_profile_check_knows_it_and_health_can_watch_it(tmp_path):
+    """`qual profiles --check` parses its table (a bad value named by key), and [health]
+    families may name it, but not a family nobody registered."""
+    good = tmp_path / "stamp.toml"
+    good.write_text(PROFILE + '\n[health]\nfamilies = ["stamp"]\n')
+    proc = qual("profiles", "--check", str(good), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text(PROFILE.replace("count = 24", "count = 0"))
+    proc = qual("profiles", "--check", str(bad), cwd=tmp_path)
+    assert proc.returncode == 4 and "bad.toml:stamp.count: count 0 is outside" in proc.stderr
+    bad.write_text(PROFILE + '\n[health]\nfamilies = ["stamp", "nope"]\n')
+    proc = qual("profiles", "--check", str(bad), cwd=tmp_path)
+    assert proc.returncode == 4
+    assert "health.families: 'nope' is not a registered family" in proc.stderr, proc.stderr
+    watcher = tmp_path / "watcher.toml"
+    watcher.write_text('[profile]\nname = "w"\ndescription = "x"\n\n[health]\n'
+                       'families = ["stamp"]\n')
+    assert qual("profiles", "--check", str(watcher), cwd=tmp_path).returncode == 0
+    unregistered = qual("profiles", "--check", str(watcher), cwd=tmp_path, env=os.environ)
+    assert unregistered.returncode == 4 and "'stamp' is not a registered" in unregistered.stderr
 
 
 def test_every_family_with_a_run_has_a_subcommand_with_its_fields_as_flags(tmp_path):

@@ -60,9 +60,9 @@ def test_suite_passes_on_the_default_target(tmp_path):
     assert len(docs) == len(record["tests"])
     # every test passes; the drive-health check skips off NVMe, saying why
     assert {d["name"].split(" on ")[0] for d in docs if d["status"] != "passed"} <= \
-        {"test_drive_health"}
-    assert tests["test_drive_health"]["outcome"] == "skipped"
-    assert "not an NVMe device" in tests["test_drive_health"]["message"]
+        {"test_health"}
+    assert tests["test_health"]["outcome"] == "skipped"
+    assert "no SMART health log: not an NVMe device" in tests["test_health"]["message"]
     for d in docs:
         assert labels(d, "epic") == ["bandwidth"]
         assert "on " in d["name"] and any(p["name"] == "drive" for p in d["parameters"])

@@ -23,7 +23,6 @@ from qual.plugin.session import (DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST, 
                                  STATUS, TARGET_INFO, WHERE, QualSession, qual_session)
 from qual.record import Measurement
 from qual.target import DEFAULT_TARGET
-from qual.workloads import health
 
 RECORDER_KEY = pytest.StashKey["Recorder"]()
 DEVICE_ERROR_KEY = pytest.StashKey[dict]()
@@ -110,34 +109,52 @@ def target(request):
     return session.held_target(spec, filesystem=bool(family and family.filesystem))
 
 
+WATCHES = "family_watches"
+
+
+def pytest_collectstart(collector):
+    """A suite of a family that a watcher family covers (health) gets the watcher's test,
+    test_<watcher>, after its own tests, and the watches start with the suite (the
+    `family_watches` fixture): no suite names a watcher, and a family added through
+    QUAL_FAMILIES is watched like qual's own."""
+    if not isinstance(collector, pytest.Module):
+        return
+    try:
+        module = collector.obj  # imported here; an import error is reported by collect()
+    except Exception:  # noqa: BLE001
+        return
+    session = qual_session(collector.config)
+    watchers = session.watchers_of(session.family_of(collector))
+    for watcher in watchers:
+        setattr(module, f"test_{watcher.name}", _watch_test(watcher, module.__name__))
+    if watchers:
+        collector.add_marker(pytest.mark.usefixtures(WATCHES))
+
+
+def _watch_test(watcher, module: str):
+    def test(family_watches, record):
+        watch = family_watches[watcher.name]
+        if watch.reason:
+            pytest.skip(watch.reason)
+        record.add(watch.measurements())
+        for title, png in watch.charts().items():
+            record.attach(title, png)
+    test.__name__ = test.__qualname__ = f"test_{watcher.name}"
+    test.__module__ = module
+    test.__doc__ = f"{watcher.description}: what it saw while this suite ran."
+    return allure.feature(watcher.description)(test)
+
+
 @pytest.fixture(scope="module")
-def drive_health(request, target):
-    """The drive's SMART health log when the suite starts; its test_drive_health, run last,
-    reads it again and records what changed."""
+def family_watches(request, target) -> dict:
+    """Every watcher's watch over this suite's family on this target, from the suite's first
+    test to its end (read by test_<watcher>, stopped when the suite ends, read or not)."""
+    session = qual_session(request.config)
     family = _family_of(request.node)
-    watch = health.Watch(target, family or request.module.__name__)
-    yield HealthWatch(watch)
-    watch.stop()  # the temperature trace ends with the suite, read or not
-
-
-class HealthWatch:
-    def __init__(self, watch: health.Watch):
-        self.watch = watch
-
-    def measurements(self) -> list[Measurement]:
-        if self.watch.reason:
-            pytest.skip(f"no SMART health log: {self.watch.reason}")
-        return self.watch.measurements()
-
-    def record(self, record: Recorder) -> None:
-        """The health measurements, and the temperature trace beside the throughput."""
-        found = self.measurements()
-        record.add(found)
-        ctx = found[0].context
-        if len(ctx["temperature_trace"]) >= 2:
-            record.attach("temperature and throughput", health.temperature_chart(
-                ctx["temperature_trace"], ctx["wctemp_k"],
-                f"{self.watch.family}: drive temperature through the suite"))
+    watches = {w.name: w.watch.start(target, family) for w in session.watchers_of(family)}
+    yield watches
+    for watch in watches.values():
+        watch.stop()
 
 
 @pytest.fixture(scope="session")

@@ -247,6 +247,13 @@ class QualSession:
         if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.spec_of(item)}"))
 
+    def watchers_of(self, family: str | None) -> list:
+        """The watcher families (health) that cover a family's suites under this profile."""
+        if family is None or self.families[family].watch is not None:
+            return []
+        return [w for w in self.families.values()
+                if w.watch is not None and w.watch.covers(self.profile.table(w.name), family)]
+
     def family_of(self, node) -> str | None:
         """The workload family a suite (or one of its tests) is marked with."""
         return next((m.name for m in node.iter_markers() if m.name in self.families), None)

@@ -40,10 +40,13 @@ class Settings(dict):
 
 
 class Outcome:
-    """What one run of a family produced. A family's outcome overrides `measurements` and
-    `document`; `charts` and `lines` have defaults."""
+    """What one run of a family produced, the one shape every family's `run` returns: its
+    measurements (all of them, or one named `section`, where a suite records its parts in
+    separate tests: a checkpoint run's passes, restore and torch baseline), the `--json`
+    document, charts, the lines a person reads and the exit status. A family's outcome
+    overrides `measurements` and `document`; the rest have defaults."""
 
-    def measurements(self) -> list[Measurement]:
+    def measurements(self, section: str | None = None) -> list[Measurement]:
         raise NotImplementedError
 
     def document(self) -> dict:
@@ -95,12 +98,10 @@ class Repeated(Outcome):
             outcomes.append(run())
         return cls(outcomes)
 
-    def each(self, measurements: Callable[..., list[Measurement]], *args) -> list[Measurement]:
-        """`measurements(outcome, *args)` of every repetition, as one set of medians."""
-        return repeated([measurements(o, *args) for o in self.outcomes])
-
-    def measurements(self) -> list[Measurement]:
-        return repeated([o.measurements() for o in self.outcomes])
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        """Every repetition's measurements (or one section of them), as one set of medians."""
+        return repeated([o.measurements(section) if section else o.measurements()
+                         for o in self.outcomes])
 
     def document(self) -> dict:
         return self.last.document()
@@ -116,6 +117,19 @@ class Repeated(Outcome):
 
     def get(self, key, default=None):
         return self.last.get(key, default)
+
+
+@dataclass(frozen=True)
+class Watcher:
+    """A family that watches others (health) instead of running a workload of its own: the
+    session starts `start(target, family)` when a suite of a family it `covers(table, family)`
+    begins on a target (`table`: the watcher's profile table, or None where the profile has
+    none), and adds one test, test_<watcher>, at the end of that suite, which records the
+    watch. A watch has `reason` (None, or why nothing can be watched here: the test skips
+    saying it), `measurements()`, `charts()` (title -> PNG) and `stop()`."""
+
+    start: Callable[[object, str], object]
+    covers: Callable[[dict | None, str], bool] = field(default=lambda table, family: True)
 
 
 @dataclass(frozen=True)
@@ -192,6 +206,7 @@ class Family:
     reads_from: Callable[[dict], str | None] = field(default=lambda table: None)
     feasible: Callable[[object, object, float | None], list[str]] = field(
         default=lambda profile, criterion, link: [])
+    watch: Watcher | None = None
 
     @property
     def subcommand(self) -> str:

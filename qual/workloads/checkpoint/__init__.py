@@ -184,15 +184,15 @@ def _free_port() -> int:
 RANK_MAIN = "import sys; from qual.workloads.checkpoint.ranks import main; sys.exit(main(sys.argv[1:]))"
 
 
-def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
+def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> dict:
     """Run the rank processes on this host (as torchrun would) and return rank 0's results.
     If one rank fails, the others are stopped and its error is raised here. Rank 0's progress
     lines go to `progress` as they come."""
     said = workdir / "progress.log"
-    job = {**job, "progress": str(said) if progress else None}
+    job = dataclasses.replace(job, progress=str(said) if progress else None)
     seen = 0
     job_path = workdir / "job.json"
-    job_path.write_text(json.dumps(job))
+    job_path.write_text(job.to_json())
     base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
             "WORLD_SIZE": str(processes), "OMP_NUM_THREADS": "1"}
     procs = []
@@ -221,7 +221,7 @@ def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
         _stop(procs)
     # the cause: an engine error (ENOSPC, EIO, ...) before any other failure, since a rank
     # that lost its peer may catch that before the failing rank has caught its own
-    errors = sorted((json.loads(p.read_text()) for p in Path(job["errors"]).glob("rank-*.json")),
+    errors = sorted((json.loads(p.read_text()) for p in Path(job.errors).glob("rank-*.json")),
                     key=lambda e: ("trace" in e, e["at"]))
     if errors:
         e = errors[0]
@@ -232,7 +232,7 @@ def launch(job: dict, processes: int, workdir: Path, progress=None) -> dict:
         bad = next(i for i, p in enumerate(procs) if p.returncode != 0)
         tail = (workdir / f"rank-{bad:05d}.log").read_text(errors="replace")[-2000:]
         raise QualError(errno.EIO, f"rank {bad} exited with {procs[bad].returncode}: {tail}")
-    return json.loads(Path(job["result"]).read_text())
+    return json.loads(Path(job.result).read_text())
 
 
 def _stop(procs) -> None:
@@ -287,19 +287,18 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
         (not torchrun or os.environ.get("LOCAL_WORLD_SIZE") == os.environ["WORLD_SIZE"])
     workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
     (workdir / "errors").mkdir()
-    job = {"root": str(folder), "plan": plan.keys(),
-           "passes": passes, "per_pass": per_pass, "retention": table["retention"],
-           "procedure": table["procedure"], "runs": table["runs"],
-           "restore": table["restore"], "baseline": table["baseline"],
-           "baseline_bytes": table["baseline_bytes"], "chunk_size": table["chunk_size"],
-           "queue_depth": table["queue_depth"], "align": max(4096, target.align),
-           "backend": table["backend"], "direct": True, "pool": table["pool"], "seed": seed,
-           "timeout_s": table["timeout"], "result": str(workdir / "result.json"),
-           "faults": [dataclasses.asdict(f) for f in faults],  # tests: every rank's files
-           "errors": str(workdir / "errors"),
-           # device counters are only the checkpoint's when every rank runs on this host
-           "device": (f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-                      if one_host and os.major(st.st_dev) else None)}
+    job = ranks.RankJob(
+        root=str(folder), plan=plan.keys(), passes=passes, per_pass=per_pass,
+        retention=table["retention"], procedure=table["procedure"], runs=table["runs"],
+        restore=table["restore"], baseline=table["baseline"],
+        baseline_bytes=table["baseline_bytes"], chunk_size=table["chunk_size"],
+        queue_depth=table["queue_depth"], align=max(4096, target.align),
+        backend=table["backend"], pool=table["pool"], seed=seed, timeout_s=table["timeout"],
+        result=str(workdir / "result.json"), errors=str(workdir / "errors"),
+        faults=[dataclasses.asdict(f) for f in faults],
+        # device counters are only the checkpoint's when every rank runs on this host
+        device=(f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+                if one_host and os.major(st.st_dev) else None))
     try:
         if torchrun:
             result = ranks.run_rank(job)
@@ -327,17 +326,16 @@ def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> Check
     st = os.stat(ckpt)
     workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
     (workdir / "errors").mkdir()
-    job = {"root": None, "restore_path": str(ckpt),  # the set alone: no store around it
-           "plan": p,  # the manifest's plan summary names the plan (plan_from)
-           "passes": 0, "per_pass": 0, "retention": 0, "restore": True, "baseline": False,
-           "baseline_bytes": 0, "chunk_size": manifest["chunk_size"],
-           "queue_depth": table["queue_depth"], "align": manifest["align"],
-           "backend": table["backend"], "direct": True,
-           "pool": manifest.get("pool", table["pool"]), "seed": manifest.get("seed"),
-           "timeout_s": table["timeout"], "result": str(workdir / "result.json"),
-           "errors": str(workdir / "errors"),
-           "device": f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-           if processes == len(manifest["ranks"]) and os.major(st.st_dev) else None}
+    job = ranks.RankJob(
+        restore_path=str(ckpt),  # the set alone: no store around it
+        plan=p,  # the manifest's plan summary names the plan (plan_from)
+        restore=True, chunk_size=manifest["chunk_size"], queue_depth=table["queue_depth"],
+        align=manifest["align"], backend=table["backend"],
+        pool=manifest.get("pool", table["pool"]), seed=manifest.get("seed"),
+        timeout_s=table["timeout"], result=str(workdir / "result.json"),
+        errors=str(workdir / "errors"),
+        device=f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        if processes == len(manifest["ranks"]) and os.major(st.st_dev) else None)
     try:
         result = launch(job, processes, workdir, progress)
     finally:
@@ -497,10 +495,18 @@ def mlperf_measurements(result: dict, target: str) -> list[Measurement]:
     return out
 
 
+SECTIONS = {"mlperf": mlperf_measurements, "passes": pass_measurements,
+            "restore": restore_measurements, "baseline": baseline_measurements}
+
+
 class CheckpointOutcome(ResultOutcome):
     """Rank 0's results (a dict, as the ranks report them) and the protocol's views of them."""
 
-    def measurements(self) -> list[Measurement]:
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        """All, or one section: mlperf (the MLPerf procedure's runs), passes, restore, baseline
+        (torch.save and torch.load)."""
+        if section is not None:
+            return SECTIONS[section](self, self.target)
         if self.get("mlperf") is not None:
             return mlperf_measurements(self, self.target)
         out = pass_measurements(self, self.target)

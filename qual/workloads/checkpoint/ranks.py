@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -60,40 +61,83 @@ def pool_positions(rank: RankPlan, offsets: list[int], pool_bytes: int) -> list[
     return positions
 
 
+@dataclass
+class RankJob:
+    """What every rank process of one checkpoint run is told (job.json, written by the
+    launcher, read by each rank; torchrun's ranks get it in-process): the plan (its summary,
+    `plan_from`), how to write and read, what to run and where the results go. `root`: the
+    store the checkpoints go into (None where a set is read back from wherever it lies,
+    `restore_path`); `device`: "major:minor" of the target's block device where every rank runs
+    on this host (its counters are then the checkpoint's), else None; `progress`: the file rank
+    0's progress lines go to."""
+
+    plan: dict
+    chunk_size: int
+    queue_depth: int
+    align: int
+    backend: str
+    pool: int
+    seed: int | None
+    timeout_s: float
+    result: str
+    errors: str
+    root: str | None = None
+    restore_path: str | None = None
+    passes: int = 0
+    per_pass: int = 0
+    retention: int = 0
+    procedure: str = "passes"
+    runs: int = 0
+    restore: bool = False
+    baseline: bool = False
+    baseline_bytes: int = 0
+    direct: bool = True
+    faults: list[dict] = field(default_factory=list)  # tests: engine.Fault fields, every rank
+    device: str | None = None
+    progress: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RankJob":
+        return cls(**json.loads(text))
+
+
 class Rank:
-    def __init__(self, job: dict, rank: int, world: int):
+    def __init__(self, job: RankJob, rank: int, world: int):
         import torch.distributed as dist
 
         self.dist = dist
         self.job, self.rank, self.world = job, rank, world
-        self.plan = plan_from(job["plan"])
+        self.plan = plan_from(job.plan)
         if world > len(self.plan.ranks):
             raise QualError(errno.EINVAL, f"{world} processes for a {len(self.plan.ranks)}-rank layout")
         self.me = self.plan.ranks[rank]
-        self.offsets, self.file_size = file_layout(self.me, job["align"])
+        self.offsets, self.file_size = file_layout(self.me, job.align)
         self.image = max((off + t.nbytes for t, off in zip(self.me.tensors, self.offsets)),
                          default=1)
         largest = max((t.nbytes for t in self.me.tensors), default=0)
-        self.pool_bytes = max(min(self.image, job["pool"]), largest, 1)
+        self.pool_bytes = max(min(self.image, job.pool), largest, 1)
         self.positions = pool_positions(self.me, self.offsets, self.pool_bytes)
         self.src = engine.aligned_empty(self.pool_bytes)
         # a set read back by a later run regenerates the bytes from the seed its manifest holds
         # (none in a manifest from before it did: then only the CRCs verify it)
-        self.compare = job["seed"] is not None
-        engine.fill_random(self.src, (job["seed"] or 0) * 1_000_003 + rank)
+        self.compare = job.seed is not None
+        engine.fill_random(self.src, (job.seed or 0) * 1_000_003 + rank)
         self.spans = [(off, self.src[pos:pos + t.nbytes])
                       for t, off, pos in zip(self.me.tensors, self.offsets, self.positions)]
         # no store when a set is read back from wherever it lies (`restore_path`)
-        self.store = CheckpointStore(job["root"]) if job.get("root") else None
-        self.dev = job.get("device")  # "major:minor" of the target's block device, or None
+        self.store = CheckpointStore(job.root) if job.root else None
+        self.dev = job.device  # "major:minor" of the target's block device, or None
 
     # ---- helpers
 
     def io(self) -> dict:
         j = self.job
-        return {"chunk_size": j["chunk_size"], "queue_depth": j["queue_depth"],
-                "align": j["align"], "backend": j["backend"], "direct": j["direct"],
-                "faults": tuple(engine.Fault(**f) for f in j.get("faults", ()))}
+        return {"chunk_size": j.chunk_size, "queue_depth": j.queue_depth, "align": j.align,
+                "backend": j.backend, "direct": j.direct,
+                "faults": tuple(engine.Fault(**f) for f in j.faults)}
 
     def gather(self, obj):
         out = [None] * self.world if self.rank == 0 else None
@@ -115,8 +159,8 @@ class Rank:
         if self.rank != 0:
             return
         print(f"[checkpoint] {text}", file=sys.stderr, flush=True)
-        if self.job.get("progress"):  # the launcher shows these lines as they come
-            with open(self.job["progress"], "a") as f:
+        if self.job.progress:  # the launcher shows these lines as they come
+            with open(self.job.progress, "a") as f:
                 f.write(text + "\n")
 
     # ---- the phases
@@ -144,9 +188,9 @@ class Rank:
         timing = [{k: r.pop(k) for k in ("seconds", "bytes", "backend", "sync_s", "cpu_s",
                                           "zero_copy_bytes")} for r in everyone]
         self.store.commit(partial, {"name": name, "plan": self.plan.summary(),
-                                    "chunk_size": self.job["chunk_size"],
-                                    "align": self.job["align"], "seed": self.job["seed"],
-                                    "pool": self.job["pool"], "ranks": everyone})
+                                    "chunk_size": self.job.chunk_size,
+                                    "align": self.job.align, "seed": self.job.seed,
+                                    "pool": self.job.pool, "ranks": everyone})
         seconds = time.monotonic() - t0
         after = self.device()
         return {"name": name, "seconds": seconds, "bytes": sum(t["bytes"] for t in timing),
@@ -161,7 +205,7 @@ class Rank:
         into fresh memory and compare."""
         found = None
         if self.rank == 0:
-            given = path or self.job.get("restore_path")
+            given = path or self.job.restore_path
             done = [Path(given)] if given else self.store.complete()
             try:
                 if not done:
@@ -232,7 +276,7 @@ class Rank:
                   "float32": torch.float32, "uint8": torch.uint8, "int64": torch.int64}
         state, size = {}, 0
         for t, pos in zip(self.me.tensors, self.positions):
-            if state and size + t.nbytes > self.job["baseline_bytes"]:
+            if state and size + t.nbytes > self.job.baseline_bytes:
                 break
             raw = torch.from_numpy(self.src[pos:pos + t.nbytes].copy())
             state[t.name] = raw.view(dtypes[t.dtype]).reshape(t.shape)
@@ -277,16 +321,16 @@ class Rank:
         evicted from the page cache, then a read of each of them, verified; the set is pruned
         to the retention after each run."""
         runs = []
-        for run in range(1, self.job["runs"] + 1):
-            names = [f"ckpt-{seq + i:06d}" for i in range(self.job["per_pass"])]
+        for run in range(1, self.job.runs + 1):
+            names = [f"ckpt-{seq + i:06d}" for i in range(self.job.per_pass)]
             seq += len(names)
             writes = [self.write(name) for name in names]
-            self.say(f"run {run}/{self.job['runs']}: {len(names)} checkpoints written; "
+            self.say(f"run {run}/{self.job.runs}: {len(names)} checkpoints written; "
                      "reading them back from the device")
             reads = [self.restore(str(self.store.root / name)) for name in names]
             if self.rank == 0:
                 runs.append({"run": run, "writes": writes, "reads": reads})
-                self.store.prune(self.job["retention"])
+                self.store.prune(self.job.retention)
             self.dist.barrier()
         return runs
 
@@ -297,15 +341,15 @@ class Rank:
             return self.results(restore=restore) if self.rank == 0 else None
         # rank 0 decides where numbering starts and how many checkpoints a pass holds: ranks
         # on other hosts may see the filesystem a moment later and count differently
-        start, per_pass = self.broadcast((self.store.next_name(), job["per_pass"])
+        start, per_pass = self.broadcast((self.store.next_name(), job.per_pass)
                                          if self.rank == 0 else None)
         seq = int(start.split("-")[1])
-        if job.get("procedure") == "mlperf-v2":
+        if job.procedure == "mlperf-v2":
             runs = self.mlperf_runs(seq)
             return self.results(mlperf=runs) if self.rank == 0 else None
         checkpoints = []
-        total = job["passes"] * per_pass
-        for p in range(1, job["passes"] + 1):
+        total = job.passes * per_pass
+        for p in range(1, job.passes + 1):
             for i in range(1, per_pass + 1):
                 rec = self.write(f"ckpt-{seq:06d}")
                 seq += 1
@@ -315,10 +359,10 @@ class Rank:
                     self.say(f"{len(checkpoints)}/{total} (pass {p}): {rec['bytes'] / 1e9:.3f} GB "
                              f"in {rec['seconds']:.2f} s ({rec['bytes'] / rec['seconds'] / 1e9:.2f} GB/s)")
             if self.rank == 0:
-                self.store.prune(job["retention"])
+                self.store.prune(job.retention)
             self.dist.barrier()
-        restore = self.restore() if job["restore"] else None
-        baseline = self.torch_baseline() if job["baseline"] else None
+        restore = self.restore() if job.restore else None
+        baseline = self.torch_baseline() if job.baseline else None
         if self.rank != 0:
             return None
         return self.results(checkpoints=checkpoints, restore=restore, torch=baseline)
@@ -340,14 +384,14 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_rank(job: dict) -> dict | None:
+def run_rank(job: RankJob) -> dict | None:
     """This process as the rank RANK of WORLD_SIZE (set by the launcher or by torchrun): joins
     the group, runs every phase, leaves; rank 0 returns the results, the others None."""
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=job["timeout_s"]))
+                            timeout=timedelta(seconds=job.timeout_s))
     try:
         return Rank(job, rank, world).run()
     finally:
@@ -356,12 +400,12 @@ def run_rank(job: dict) -> dict | None:
 
 def main(argv: list[str]) -> int:
     """A rank started by the workload's launcher: results and errors go to files."""
-    job = json.loads(Path(argv[0]).read_text())
+    job = RankJob.from_json(Path(argv[0]).read_text())
     rank = int(os.environ["RANK"])
     try:
         result = run_rank(job)
         if result is not None:
-            _write_json(Path(job["result"]), result)
+            _write_json(Path(job.result), result)
         return 0
     except QualError as e:
         error = {"rank": rank, "errno": e.errno, "message": e.message, "op": e.op,
@@ -370,7 +414,7 @@ def main(argv: list[str]) -> int:
         error = {"rank": rank, "errno": errno.EIO, "message": f"{type(e).__name__}: {e}",
                  "trace": traceback.format_exc(), "class": "QualError"}
     error["at"] = time.time()  # the launcher reports the first failure: the cause
-    _write_json(Path(job["errors"]) / f"rank-{rank:05d}.json", error)
+    _write_json(Path(job.errors) / f"rank-{rank:05d}.json", error)
     return 1
 
 

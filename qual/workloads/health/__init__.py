@@ -14,13 +14,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from qual.target import nvme
-from qual.workloads.base import Family
 from qual.family import Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
+from qual.target import nvme
+from qual.workloads import registry
+from qual.workloads.base import Family, Watcher
 
 NAME = "health"
-WATCHED = ("bandwidth", "pts", "checkpoint", "gnn", "training", "integrity")
 SAMPLE_EVERY_S = 2.0  # the temperature trace's interval
 DATA_UNIT = 512_000  # NVMe: data units are thousands of 512-byte units, rounded up
 DEFAULT_WCTEMP_K = 348  # AutoVal's bound (75 °C) where the drive reports no WCTEMP
@@ -45,16 +45,28 @@ METRICS = {m.name: m for m in (
            "bytes the drive counted as written during the workload (data units x 512,000)"),
 )}
 
-FIELDS = (Field("families", "choices", default=list(WATCHED), choices=WATCHED,
-                help="the workload families whose runs are watched"),)
+FIELDS = (Field("families", "choices",
+                help="the workload families whose suites are watched (default: every "
+                     "registered family with a workload)"),)
+
+
+def watched(table: dict | None) -> list[str]:
+    """The families a profile's [health] table watches: those it names, else every registered
+    family that runs a workload (one added through QUAL_FAMILIES included)."""
+    if table and table.get("families"):
+        return list(table["families"])
+    return [name for name, f in registry().items() if f.run is not None]
+
+
+def _check(table: dict) -> list[tuple[str, str]]:
+    runs = [name for name, f in registry().items() if f.run is not None]
+    return [("families", f"{name!r} is not a registered family with a workload (one of "
+                         f"{', '.join(runs)})")
+            for name in table.get("families") or () if name not in runs]
 
 
 def _cells(table: dict) -> list[str]:
-    return [measurement_id(m, {"family": f}) for f in table["families"] for m in METRICS.values()]
-
-
-FAMILY = Family(name=NAME, description="NVMe SMART health before and after each workload",
-                fields=FIELDS, metrics=METRICS, cells=_cells)
+    return [measurement_id(m, {"family": f}) for f in watched(table) for m in METRICS.values()]
 
 
 @dataclass(frozen=True)
@@ -210,7 +222,8 @@ class Watch:
 
     def __init__(self, target, family: str):
         self.target, self.family = target, family
-        self.reason = unavailable(target.identity)
+        why = unavailable(target.identity)
+        self.reason = f"no SMART health log: {why}" if why else None
         self.before = None if self.reason else read_smart_log(target.identity.device)
         self.ocp_before = None if self.reason else read_ocp_throttling(target.identity.device)
         self.device_before = target.device_stat()
@@ -236,6 +249,15 @@ class Watch:
                             trace=trace, trace_problem=self.trace.problem,
                             ocp=(self.ocp_before, ocp_after))
 
+    def charts(self) -> dict[str, bytes]:
+        """The temperature trace beside the device's throughput, once it has two samples."""
+        trace = self.trace.samples if self.trace else []
+        if len(trace) < 2:
+            return {}
+        wctemp = (self.target.identity.nvme_id_ctrl or {}).get("wctemp") or DEFAULT_WCTEMP_K
+        return {"temperature and throughput": temperature_chart(
+            trace, wctemp, f"{self.family}: drive temperature through the suite")}
+
 
 def temperature_chart(trace: list[dict], wctemp_k: int, title: str) -> bytes:
     """Composite temperature over the run, with the device's throughput between samples."""
@@ -260,3 +282,8 @@ def temperature_chart(trace: list[dict], wctemp_k: int, title: str) -> bytes:
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title)
     return png(fig)
+
+
+FAMILY = Family(name=NAME, description="NVMe SMART health before and after each workload",
+                fields=FIELDS, metrics=METRICS, check=_check, cells=_cells,
+                watch=Watcher(start=Watch, covers=lambda table, family: family in watched(table)))
