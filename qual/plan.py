@@ -12,12 +12,11 @@ import shutil
 import socket
 from dataclasses import asdict, dataclass, field, replace
 
-from qual.family import Rates
+from qual.family import Rates, Settings
 from qual.stats import median
 from qual.target import SPACE_RESERVE, Target, guard_refusals, scratch
 from qual.target.filesystem import usable_room
 from qual.units import format_duration, format_size
-from qual.workloads.base import Settings
 
 PER_TEST_S = 0.02  # pytest's own time around a test: set-up, the recorder, the Allure files
 CALIBRATION_LIMITS = (0.25, 4.0)  # a past run never moves an estimate by more than this

@@ -21,8 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from qual import shipped, units
-from qual.family import Field, measurement_id
-from qual.workloads.base import Family, Settings
+from qual.family import Family, Field, Settings, measurement_id
 from qual.record import DEFAULT_TOLERANCE
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",

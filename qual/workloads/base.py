@@ -1,42 +1,21 @@
-"""The workload protocol: a family's settings come from its profile table, `run(target,
+"""The run side of the workload protocol (the family itself is qual.family.Family): `run(target,
 settings, *, seed, progress)` returns an `Outcome`, and the outcome gives the measurements, the
-`--json` document, the charts and the lines a person reads. The CLI, the suites, the run record
-and the report know families only through this."""
+`--json` document, the charts and the lines a person reads; `Repeated` is a whole run done the
+profile's `repeats` times. Also what every family shares: the I/O backend field, the margin a
+fitted dataset leaves, argparse types for sizes, durations and counts."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
 from qual import units
 from qual.engine import BACKENDS
-from qual.family import Field, Metric, Rates, Work
+from qual.family import Field
 from qual.record import Measurement, repeated
 
 
 FIT_MARGIN = 0.95  # a dataset scaled to fit (--qual-fit) leaves this share of the room used
-
-
-class Progress(Protocol):
-    """Where a long run says what it is doing; `done` (0..1) is its share of the whole run,
-    from which the CLI shows an ETA."""
-
-    def __call__(self, message: str, done: float | None = None) -> None: ...
-
-
-class Settings(dict):
-    """A family's table, parsed and completed from a profile or from flags: every value has
-    its field's type (sizes and counts int, durations float seconds, lists of them); read a
-    key as an attribute or an item."""
-
-    def __getattr__(self, name: str):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
 
 class Outcome:
@@ -119,35 +98,6 @@ class Repeated(Outcome):
         return self.last.get(key, default)
 
 
-@dataclass(frozen=True)
-class Watcher:
-    """A family that watches others (health) instead of running a workload of its own: the
-    session starts `start(target, family)` when a suite of a family it `covers(table, family)`
-    begins on a target (`table`: the watcher's profile table, or None where the profile has
-    none), and adds one test, test_<watcher>, at the end of that suite, which records the
-    watch. A watch has `reason` (None, or why nothing can be watched here: the test skips
-    saying it), `measurements()`, `charts()` (title -> PNG) and `stop()`."""
-
-    start: Callable[[object, str], object]
-    covers: Callable[[dict | None, str], bool] = field(default=lambda table, family: True)
-
-
-@dataclass(frozen=True)
-class Flags:
-    """What `qual <family>` does beyond running the table its generated flags make:
-    `defaults(given)`: table values a quick run takes where neither a profile nor a flag says
-    (a quick run's, not a qualification's); `keeps`: the run always keeps what it made (a
-    checkpoint set, its retention its own), so the command has no --keep; `explain(table)`: a
-    (document, lines) that `--plan` prints instead of running (the arithmetic, nothing
-    written); `shared_target()`: other processes open the target too (torchrun ranks), so this
-    one neither locks it nor speaks unless `run` returns an outcome."""
-
-    defaults: Callable[[dict], dict] = field(default=lambda given: {})
-    keeps: bool = False
-    explain: Callable[[dict], tuple[dict, list[str]]] | None = None
-    shared_target: Callable[[], bool] = field(default=lambda: False)
-
-
 def _argument(parse, text: str, **kw):
     try:
         return parse(text, **kw)
@@ -168,49 +118,6 @@ def size(text: str) -> int:
 def duration(text: str) -> float:
     """argparse type: a duration with its unit (10s, 500ms)."""
     return _argument(units.parse_duration, text)
-
-
-@dataclass(frozen=True)
-class Family:
-    """A workload family: its profile table (fields, checked by `check`, which returns (key,
-    problem) pairs), its metrics, the measurement ids a table will produce (`cells`), and how
-    it runs (`run`, `remove`: what it made on a target, nothing else). `suite` is its suite
-    file when it is not one of qual's own suites; `command` its CLI subcommand (default: its
-    name). `plan(table, test, param, rates)`: the Work one test of its suite does (`test` the
-    suite's test function, `param` its parameter or None), for the plan made before any I/O;
-    `filesystem`: its tests work on files, so on a raw namespace they run on a filesystem qual
-    makes there (docs/ARCHITECTURE.md, "A raw namespace"). `fit(table, room, need)`: the table
-    values that shrink what its tests need at once from `need` to at most `room` bytes ({}:
-    it cannot), for --qual-fit. `reads_from(table)`: the path a run only reads when its settings
-    name one (a checkpoint set read back from wherever it lies): the command works on that,
-    not on --target, and takes no lock and leaves nothing there. `feasible(profile, criterion,
-    link)`: why no drive of the profile's class can meet one of this family's criteria (`link`:
-    the payload bytes/s of the class's host link, or None), for `qual profiles --check`; the
-    link check every bandwidth floor gets is the core's (qual/feasibility.py)."""
-
-    name: str
-    description: str
-    fields: tuple[Field, ...]
-    metrics: dict[str, Metric]
-    check: Callable[[dict], list[tuple[str, str]]] = field(default=lambda table: [])
-    cells: Callable[[dict], list[str]] = field(default=lambda table: [])
-    run: Callable[..., Outcome] | None = None
-    remove: Callable | None = None
-    suite: Path | None = None
-    command: str | None = None
-    flags: Flags | None = None
-    plan: Callable[[dict, str, object, Rates], list[Work]] = field(
-        default=lambda table, test, param, rates: [])
-    filesystem: bool = False
-    fit: Callable[[dict, int, int], dict] = field(default=lambda table, room, need: {})
-    reads_from: Callable[[dict], str | None] = field(default=lambda table: None)
-    feasible: Callable[[object, object, float | None], list[str]] = field(
-        default=lambda profile, criterion, link: [])
-    watch: Watcher | None = None
-
-    @property
-    def subcommand(self) -> str:
-        return self.command or self.name
 
 
 def backend_field() -> Field:

@@ -9,9 +9,9 @@ from qual import engine, honesty, steady, units
 from qual.engine import IoResult
 from qual.record import Measurement, measure
 from qual.target import Target
-from qual.workloads.base import Family, Outcome, backend_field
+from qual.workloads.base import Outcome, backend_field
 from qual.workloads.bandwidth import charts
-from qual.family import Field, Metric, Param, Rates, Work, format_block, measurement_id
+from qual.family import Family, Field, Metric, Param, Rates, Work, format_block, measurement_id
 
 NAME = "bandwidth"
 # pattern -> (op, offset pattern)

@@ -14,11 +14,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Family, Field, Metric, Param, Watcher, measurement_id
 from qual.record import Measurement, measure
 from qual.target import nvme
 from qual.workloads import registry
-from qual.workloads.base import Family, Watcher
 
 NAME = "health"
 SAMPLE_EVERY_S = 2.0  # the temperature trace's interval

@@ -8,8 +8,8 @@ from __future__ import annotations
 import secrets
 
 from qual import engine, honesty, units
-from qual.workloads.base import Family, Outcome, backend_field
-from qual.family import Field, Metric, Param, Rates, Work, measurement_id
+from qual.workloads.base import Outcome, backend_field
+from qual.family import Family, Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
 from qual.target import Target
 

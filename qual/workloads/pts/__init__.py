@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from qual import engine, honesty, steady
 from qual.engine import IoResult
-from qual.family import Field, Metric, Param, Rates, Work, format_block
+from qual.family import Family, Field, Metric, Param, Rates, Work, format_block
 from qual.record import Measurement, measure
 from qual.target import Target, nvme
-from qual.workloads.base import Family, Outcome, backend_field
+from qual.workloads.base import Outcome, backend_field
 from qual.workloads.bandwidth import merge_rounds
 
 NAME = "pts"

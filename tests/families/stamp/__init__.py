@@ -13,10 +13,10 @@ from pathlib import Path
 
 from qual import charts
 from qual.errors import TargetUnavailable
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Family, Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
 from qual.target.scratch import fsync_dir, own_folder, remove_made
-from qual.workloads.base import Family, Outcome
+from qual.workloads.base import Outcome
 
 NAME = "stamp"
 FOLDER = "qual-stamp"
