@@ -6,7 +6,7 @@ from __future__ import annotations
 from qual.workloads.base import FIT_MARGIN
 from qual.family import Family, Rates, Work
 from qual.workloads.gnn.igbh import FEATURE_DIM, SIZES
-from qual.workloads.gnn.spec import FIELDS, METRICS, NAME, cells, check_table
+from qual.workloads.gnn.spec import FIELDS, LOADERS, METRICS, NAME, STAGES, cells, check_table
 from qual.workloads.gnn.results import GnnOutcome, equal_memory, measurements
 from qual.workloads.gnn.workload import (cache_pages, cpu_buffer_rows, dataset_of,
                                          feature_memory, open_loader, remove, run)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from qual.workloads.gnn import STAGES
+from qual.workloads.gnn.spec import STAGES
 from qual.workloads.gnn.igbh import FEATURE_DIM
 from qual.workloads.gnn.model import RGAT
 
