@@ -67,6 +67,16 @@ def test_qual_family_json_runs_it_and_removes_only_what_it_made(tmp_path):
     assert [p.name for p in (tmp_path / "qual-stamp").iterdir()] == ["someone-elses"]
 
 
+def test_its_flags_come_from_its_fields_with_their_units(tmp_path):
+    proc = qual("stamp", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = " ".join(proc.stdout.split())
+    assert "--count COUNT durable writes [a whole number] (default 64)" in shown
+    assert "--block-size SIZE bytes per write [bytes, with a unit: 4K, 128KiB, 1M] " \
+        "(default 4K)" in shown
+    assert "--keep" in shown and "--seed" in shown  # the command's own
+
+
 def test_bad_flags_are_refused_before_anything_is_made(tmp_path):
     proc = qual("stamp", "--target", str(tmp_path), "--count", "0", cwd=tmp_path)
     assert proc.returncode == 2
