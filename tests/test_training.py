@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from testbed import TINY_ALL, TINY_PROFILE, load_record, needs_root, run_suite
 
-from qual import engine
+from qual import cli, command, engine
 from qual.engine import Fault, InvalidJob, SampleReader
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table
-from qual.workloads import training
+from qual.workloads import registry, training
 from qual.workloads.training import accelerators, configs, dataset
 from qual.workloads.training.accelerators import Step, utilisation
 
@@ -254,6 +254,48 @@ def test_train_command_refuses_bad_flags_without_touching_the_target(tmp_path):
 
 
 # ------------------------------------------------------------------ command line and suite
+
+
+V3 = [n for n, w in configs.WORKLOADS.items() if "MLPerf Storage v3.0" in w.source]
+
+
+def test_mlperf_storage_v3_adds_retinanet_flux_and_dlrm():
+    assert {n.rsplit("-", 1)[0] for n in V3} == {"retinanet", "flux", "dlrm", "dlrm-parquet"}
+    assert {"retinanet-a100", "retinanet-h100", "retinanet-b200", "retinanet-mi355", "flux-a100",
+            "flux-h100", "flux-b200", "flux-mi355", "dlrm-a100", "dlrm-h100"} <= set(V3)
+
+
+@pytest.mark.parametrize("name", V3)
+def test_train_plan_prints_the_figures_of_the_yaml_it_cites(name, capsys):
+    w = configs.WORKLOADS[name]
+    args = cli._parser(registry()).parse_args(["train", "--plan", "--workload", name])
+    assert command.run(args, registry()) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    yaml = name.replace("-", "_")
+    assert f"configs/dlio/workload/{yaml}.yaml at " in out
+    assert f"{w.files:,} {w.format} files x {w.samples_per_file:,} sample(s) of " \
+        f"{w.record_length:,}" in out
+    assert f"batch {w.batch:,}, {w.read_threads} read threads; compute " \
+        f"{w.computation_time:g} s a step; {w.epochs} epoch(s); AU floor " \
+        f"{w.au_floor * 100:g} %" in out
+    assert f"= {w.demand() / 1e6:,.1f} MB/s" in out
+
+
+@pytest.mark.parametrize("name, given", [
+    ("retinanet-h100", {"files": 48, "record_scale": 0.05}),
+    ("flux-b200", {"files": 4, "record_scale": 0.01, "batch_size": 8}),  # 288 samples a file
+    ("dlrm-h100", {"files": 64, "batch_size": 16, "record_scale": 1.0}),  # 512-byte files
+])
+def test_the_v3_workloads_run_scaled(tmp_path, name, given):
+    """Each new workload's files are made and read back through the engine as published
+    (one sample a file, or 288 in flux-b200's), scaled to fit a test: every byte is read."""
+    t = table(workload=name, computation_time="5 ms", **given)
+    result = training.run(Target(tmp_path), t)
+    (r,) = result["runs"]
+    w = training.workload_of(t)
+    assert r["bytes"] >= configs.steps_per_epoch(w, 1) * w.batch * w.record_length * 0.5
+    assert 0 < r["au_mean"] <= 1 and r["samples_per_s"] > 0
+    training.remove(Target(tmp_path))
 
 
 def test_train_command_json(tmp_path):

@@ -10,7 +10,8 @@ import math
 from qual.workloads.base import FIT_MARGIN
 from qual.family import Family, Flags, Rates, Work
 from qual.workloads.training import configs
-from qual.workloads.training.spec import FIELDS, METRICS, NAME, cells, check_table, workload_of
+from qual.workloads.training.spec import (FIELDS, METRICS, NAME, cells, check_table, explain,
+                                          workload_of)
 from qual.workloads.training.results import (TrainingOutcome, _check_run, caveats,
                                              measurements)
 from qual.workloads.training.workload import (au_floor, host_memory, max_accelerators, plan_of,
@@ -93,4 +94,5 @@ FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with 
                 check=check_table, cells=cells, run=run, remove=remove, command="train",
                 plan=_plan, filesystem=True,
                 fit=_fit,
-                flags=Flags(defaults=_defaults), feasible=_feasible)
+                flags=Flags(defaults=_defaults,
+                            explain=lambda table: explain(table, host_memory())), feasible=_feasible)

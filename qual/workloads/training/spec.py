@@ -99,3 +99,49 @@ def cells(table: dict) -> list[str]:
     ids += [measurement_id(METRICS["train_max_accelerators"], {"epochs": e})
             for e in table["epochs"]]
     return ids
+
+
+def explain(table: dict, memory: int) -> tuple[dict, list[str]]:
+    """`qual train --plan`: the workload's figures as its YAML gives them (cited), what the
+    table scales, each accelerator count's demand and steps, and the dataset-size rule against
+    a host of `memory` bytes; nothing is read or written."""
+    published, w = WORKLOADS[table["workload"]], workload_of(table)
+    counts = []
+    for n in table["accelerators"]:
+        need = configs.minimum_files(w, n, memory)
+        counts.append({"accelerators": n, "demand_bytes_per_s": w.demand() * n,
+                       "steps_per_epoch": configs.steps_per_epoch(w, n),
+                       "minimum_files": need, "dataset_share": w.files / need})
+    doc = {"workload": w.name, "source": w.source, "format": w.format,
+           "published": {"files": published.files,
+                         "samples_per_file": published.samples_per_file,
+                         "record_length": published.record_length,
+                         "record_stdev": published.record_stdev, "batch": published.batch,
+                         "read_threads": published.read_threads,
+                         "computation_time": published.computation_time,
+                         "epochs": published.epochs, "au_floor": published.au_floor},
+           "files": w.files, "record_length": w.record_length, "batch": w.batch,
+           "computation_time": w.computation_time, "dataset_bytes": w.files * w.file_bytes,
+           "host_memory": memory, "accelerators": counts}
+    p = published
+    spread = f" ± {p.record_stdev:,}" if p.record_stdev else ""
+    floor = f"{p.au_floor * 100:g} %" if p.au_floor is not None else "none"
+    lines = [f"{w.name}: {w.source}",
+             f"  dataset: {p.files:,} {p.format} files x {p.samples_per_file:,} sample(s) of "
+             f"{p.record_length:,}{spread} B",
+             f"  reader: batch {p.batch:,}, {p.read_threads} read threads; compute "
+             f"{p.computation_time:g} s a step; {p.epochs} epoch(s); AU floor {floor}",
+             f"  one accelerator at 100 % AU reads batch x record / compute = {p.batch:,} x "
+             f"{p.record_length:,} B / {p.computation_time:g} s = {p.demand() / 1e6:,.1f} MB/s"]
+    if (w.files, w.record_length, w.batch, w.computation_time) != \
+            (p.files, p.record_length, p.batch, p.computation_time):
+        lines.append(f"  this table: {w.files:,} files of {w.file_bytes:,} B, batch {w.batch:,}, "
+                     f"compute {w.computation_time:g} s ({w.demand() / 1e6:,.1f} MB/s an "
+                     "accelerator)")
+    lines.append(f"  dataset {w.files * w.file_bytes / 1e9:,.3f} GB; MLPerf's size rule: 500 "
+                 f"steps of every accelerator and 5x this host's {memory / 2**30:.1f} GiB")
+    lines += [f"  {c['accelerators']} accelerator(s): {c['demand_bytes_per_s'] / 1e6:,.1f} "
+              f"MB/s, {c['steps_per_epoch']:,} steps an epoch, size rule {c['minimum_files']:,} "
+              f"files ({c['dataset_share'] * 100:.3g} % met)" for c in counts]
+    return doc, lines
+
