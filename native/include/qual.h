@@ -338,6 +338,42 @@ int qual_reader_backend(const struct qual_reader *r, int *backend);
  * and ops_done (one per file) grow as files complete. */
 int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *ctl,
                      uint64_t *bytes);
+/* ---------------------------------------------------------------- KV-cache store (kv.c) */
+/* A KV-cache store's I/O: whole entries written to or read from given offsets of one store (a
+ * file or a block device), each in block_size pieces with queue_depth in flight (io_uring; one
+ * at a time with psync), straight from or into the caller's memory. An entry's latency runs
+ * from its first piece handed over to its last piece back; a batch of writes ends with one
+ * fdatasync, timed apart (sync_ns). Offsets, lengths and buffers are aligned to align. */
+struct qual_kv;
+struct qual_kv_opts {
+    int backend;              /* enum qual_backend */
+    int direct;               /* 1: O_DIRECT */
+    uint32_t align;           /* the target's logical block size */
+    uint32_t block_size;      /* bytes per I/O, a multiple of align */
+    uint32_t queue_depth;
+    uint64_t command_timeout_ns; /* an I/O outstanding this long is a stall (0: NVMe's 30 s) */
+    struct qual_fault *faults; /* offsets are the store's */
+    uint32_t nfaults;
+};
+struct qual_kv_entry {
+    uint64_t offset;
+    uint64_t len;
+    void *buf;
+};
+struct qual_kv_result {
+    uint64_t bytes;
+    uint32_t entries;         /* entries moved (all, or 0 on an error) */
+    uint64_t io_ns;           /* the batch's I/O, first piece to last */
+    uint64_t sync_ns;         /* a write batch's fdatasync */
+};
+int qual_kv_open(const char *path, const struct qual_kv_opts *o, struct qual_kv **out);
+int qual_kv_close(struct qual_kv *kv);
+int qual_kv_backend(const struct qual_kv *kv, int *backend);
+/* Move n entries (op: QUAL_OP_WRITE or QUAL_OP_READ); lat_ns[i] is entry i's latency. ctl
+ * cancels; its bytes_done and ops_done (one per entry) grow when a batch completes. */
+int qual_kv_run(struct qual_kv *kv, int op, const struct qual_kv_entry *entries, uint32_t n,
+                uint64_t *lat_ns, struct qual_ctl *ctl, struct qual_kv_result *res);
+
 /* ---------------------------------------------------------------- data integrity (verify.c) */
 /* Verification blocks: every block of block_size bytes starts with a header
  *   magic "QVB1" (u32), CRC32C of the whole block with this field zero (u32),

@@ -130,6 +130,9 @@ void ioq_set_deadline(struct ioq *q, uint64_t deadline_ns);
 void ioq_set_cancel(struct ioq *q, const int *cancel);
 void *ioq_buf(struct ioq *q, unsigned slot);
 unsigned ioq_depth(const struct ioq *q); /* its slots: the depth asked for, 1 under psync */
+/* A client's I/O geometry, checked before anything is opened: an alignment that is a power of
+ * two, a block size that is a multiple of it, a depth within 1..QUAL_MAX_DEPTH. */
+int ioq_check_pieces(uint32_t align, uint32_t block_size, uint32_t depth);
 /* Run until next() has nothing more and nothing is in flight: 0, or the first failure (the
  * client's, the backend's, -ECANCELED, -ETIMEDOUT for a stall) with qual_last_error() set. */
 int ioq_run(struct ioq *q, const struct ioq_client *c);

@@ -61,6 +61,19 @@ int qual_io_uring_probe(void)
     return ioq_uring_backend.probe();
 }
 
+int ioq_check_pieces(uint32_t align, uint32_t block_size, uint32_t depth)
+{
+    if (align == 0 || (align & (align - 1)))
+        return qual_set_error(-EINVAL, "alignment %u is not a power of two", align);
+    if (block_size == 0 || block_size % align)
+        return qual_set_error(-EINVAL, "block size %u is not a multiple of the alignment %u",
+                              block_size, align);
+    if (depth == 0 || depth > QUAL_MAX_DEPTH)
+        return qual_set_error(-EINVAL, "queue depth %u is outside 1..%d", depth,
+                              QUAL_MAX_DEPTH);
+    return 0;
+}
+
 unsigned ioq_depth(const struct ioq *q)
 {
     return q->o.depth;

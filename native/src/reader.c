@@ -28,19 +28,14 @@ struct qual_reader {
 int qual_reader_open(const struct qual_reader_opts *o, struct qual_reader **out)
 {
     *out = NULL;
-    if (o->align == 0 || (o->align & (o->align - 1)))
-        return qual_set_error(-EINVAL, "alignment %u is not a power of two", o->align);
-    if (o->block_size == 0 || o->block_size % o->align)
-        return qual_set_error(-EINVAL, "block size %u is not a multiple of the alignment %u",
-                              o->block_size, o->align);
-    if (o->queue_depth == 0 || o->queue_depth > QUAL_MAX_DEPTH)
-        return qual_set_error(-EINVAL, "queue depth %u is outside 1..%d", o->queue_depth,
-                              QUAL_MAX_DEPTH);
+    int rc = ioq_check_pieces(o->align, o->block_size, o->queue_depth);
+    if (rc)
+        return rc;
     struct qual_reader *r = calloc(1, sizeof(*r));
     if (!r)
         return qual_set_error(-ENOMEM, "cannot allocate a reader");
     r->o = *o;
-    int rc = resolve_backend(o->backend, &r->backend);
+    rc = resolve_backend(o->backend, &r->backend);
     if (rc) {
         free(r);
         return rc;

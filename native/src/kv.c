@@ -1,0 +1,188 @@
+/* kv.c — a KV-cache store's I/O (docs/ARCHITECTURE.md §3): whole entries written to and read
+ * from given offsets of one store (a file qual made, or a block device that passed the guard),
+ * as an inference server's NVMe tier does when it offloads attention keys and values and reads
+ * them back for decode. Each entry goes through the one queue in block_size pieces,
+ * queue_depth in flight; its latency runs from its first piece handed over to its last piece
+ * back. A batch of writes ends with one fdatasync, timed apart, so that a request's entries
+ * are durable before it counts as written. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+struct qual_kv {
+    struct qual_kv_opts o;
+    int backend;
+    int fd;
+    int stalled;          /* an I/O of the store stalled: its descriptor is never closed */
+    struct ioq *q;
+};
+
+struct batch {
+    struct qual_kv *kv;
+    int op;
+    const struct qual_kv_entry *e;
+    uint32_t n;
+    uint64_t *first;       /* per entry: when its first piece was handed over */
+    uint64_t *last;        /* per entry: when its last piece came back */
+    uint32_t cur;          /* the entry being issued */
+    uint64_t cur_off;      /* bytes of it issued */
+    uint64_t bytes;
+    int err;
+    uint64_t err_entry;
+};
+
+int qual_kv_open(const char *path, const struct qual_kv_opts *o, struct qual_kv **out)
+{
+    *out = NULL;
+    int rc = ioq_check_pieces(o->align, o->block_size, o->queue_depth);
+    if (rc)
+        return rc;
+    struct qual_kv *kv = calloc(1, sizeof(*kv));
+    if (!kv)
+        return qual_set_error(-ENOMEM, "cannot allocate a KV store");
+    kv->o = *o;
+    kv->fd = -1;
+    rc = resolve_backend(o->backend, &kv->backend);
+    if (!rc)
+        rc = target_open(path, O_RDWR | (o->direct ? O_DIRECT : 0), NULL, "read and write",
+                         &kv->fd);
+    if (!rc) {
+        struct ioq_opts qo = {
+            .backend = kv->backend,
+            .fd = kv->fd,
+            .depth = o->queue_depth,
+            .buf_len = 0, /* entries move straight from (into) the caller's memory */
+            .deadline_ns = QUAL_UNBOUNDED,
+            .stall_ns = o->command_timeout_ns ? o->command_timeout_ns : QUAL_COMMAND_TIMEOUT_NS,
+            .faults = o->faults,
+            .nfaults = o->nfaults,
+        };
+        rc = ioq_open(&kv->q, &qo);
+    }
+    if (rc) {
+        qual_kv_close(kv);
+        return rc;
+    }
+    *out = kv;
+    return 0;
+}
+
+int qual_kv_close(struct qual_kv *kv)
+{
+    if (kv) {
+        int wedged = kv->q && ioq_wedged(kv->q);
+        ioq_close(kv->q);
+        ioq_close_target(kv->fd, kv->stalled);
+        if (!wedged)
+            free(kv);
+    }
+    return 0;
+}
+
+int qual_kv_backend(const struct qual_kv *kv, int *backend)
+{
+    *backend = kv->backend;
+    return 0;
+}
+
+static int piece_next(void *ctx, struct ioq_io *io)
+{
+    struct batch *b = ctx;
+    if (b->err || b->cur >= b->n)
+        return 0;
+    const struct qual_kv_entry *e = &b->e[b->cur];
+    uint64_t left = e->len - b->cur_off;
+    io->op = b->op;
+    io->off = e->offset + b->cur_off;
+    io->len = left < b->kv->o.block_size ? (uint32_t)left : b->kv->o.block_size;
+    io->buf = (unsigned char *)e->buf + b->cur_off;
+    io->tag = b->cur;
+    b->cur_off += io->len;
+    if (b->cur_off >= e->len) {
+        b->cur++;
+        b->cur_off = 0;
+    }
+    return 1;
+}
+
+static int piece_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t lat_ns)
+{
+    struct batch *b = ctx;
+    uint32_t i = (uint32_t)io->tag;
+    if (!b->first[i] || io->t_submit < b->first[i])
+        b->first[i] = io->t_submit;
+    if (io->t_submit + lat_ns > b->last[i])
+        b->last[i] = io->t_submit + lat_ns;
+    if (res >= 0 && (uint64_t)res == io->len) {
+        b->bytes += (uint64_t)res;
+        return 0;
+    }
+    if (!b->err || i < b->err_entry) {
+        b->err_entry = i;
+        const char *what = b->op == QUAL_OP_WRITE ? "writing" : "reading";
+        b->err = res < 0 ? qual_set_error((int)res, "%s %u bytes at offset %llu (entry %u): %s",
+                                          what, io->len, (unsigned long long)io->off, i,
+                                          strerror((int)-res))
+                         : qual_set_error(-EIO, "%s %u bytes at offset %llu (entry %u): short "
+                                          "transfer (%lld)", what, io->len,
+                                          (unsigned long long)io->off, i, (long long)res);
+    }
+    return 0; /* what is in flight drains; the lowest failing entry is reported */
+}
+
+int qual_kv_run(struct qual_kv *kv, int op, const struct qual_kv_entry *entries, uint32_t n,
+                uint64_t *lat_ns, struct qual_ctl *ctl, struct qual_kv_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    if (op != QUAL_OP_READ && op != QUAL_OP_WRITE)
+        return qual_set_error(-EINVAL, "op %d is neither a read nor a write", op);
+    if (kv->stalled)
+        return qual_set_error(-ETIMEDOUT, "an earlier I/O of the store never came back");
+    for (uint32_t i = 0; i < n; i++) {
+        const struct qual_kv_entry *e = &entries[i];
+        if (!e->len || e->offset % kv->o.align || e->len % kv->o.align ||
+            (uintptr_t)e->buf % kv->o.align)
+            return qual_set_error(-EINVAL, "entry %u (%llu bytes at offset %llu) is not aligned "
+                                  "to %u bytes", i, (unsigned long long)e->len,
+                                  (unsigned long long)e->offset, kv->o.align);
+        lat_ns[i] = 0;
+    }
+    struct batch b = {.kv = kv, .op = op, .e = entries, .n = n};
+    b.first = calloc(n ? n : 1, sizeof(*b.first));
+    b.last = calloc(n ? n : 1, sizeof(*b.last));
+    int rc = 0;
+    if (!b.first || !b.last)
+        rc = qual_set_error(-ENOMEM, "cannot allocate %u entries' timings", n);
+    uint64_t t0 = now_ns();
+    if (!rc) {
+        ioq_set_cancel(kv->q, &ctl->cancel);
+        struct ioq_client c = {&b, piece_next, piece_done, NULL};
+        rc = ioq_run(kv->q, &c);
+        if (rc == -ETIMEDOUT)
+            kv->stalled = 1;
+        if (!rc)
+            rc = b.err;
+    }
+    res->io_ns = now_ns() - t0;
+    if (!rc && op == QUAL_OP_WRITE && n) {
+        uint64_t s0 = now_ns();
+        if (fdatasync(kv->fd) != 0)
+            rc = qual_set_error(-errno, "fdatasync of the store: %s", strerror(errno));
+        res->sync_ns = now_ns() - s0;
+    }
+    for (uint32_t i = 0; b.first && b.last && i < n; i++)
+        lat_ns[i] = b.last[i] > b.first[i] ? b.last[i] - b.first[i] : 0;
+    res->bytes = b.bytes;
+    res->entries = rc ? 0 : n;
+    if (!rc) {
+        __atomic_add_fetch(&ctl->bytes_done, b.bytes, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&ctl->ops_done, n, __ATOMIC_RELAXED);
+    }
+    free(b.first);
+    free(b.last);
+    return rc;
+}

@@ -1,0 +1,117 @@
+"""The KV-cache store's I/O (native/src/kv.c, qual.engine.KvStore): whole entries written to and
+read back from their offsets of one store, each entry timed, a write batch made durable; the
+device's own counters see every byte; bad entries are refused before any I/O; an I/O error
+names its entry and offset."""
+
+from __future__ import annotations
+
+import errno
+
+import numpy as np
+import pytest
+
+from qual import engine
+from qual.engine import DeviceIoError, Fault, InvalidJob, KvStore
+from qual.target import Target
+
+from testbed import needs_root
+
+BACKENDS = ["io_uring", "psync"]
+MiB = 1 << 20
+
+
+def entries_of(sizes: list[int], seed: int) -> list[tuple[int, np.ndarray]]:
+    """Random entries laid out one after another from offset 0."""
+    out, offset = [], 0
+    for i, size in enumerate(sizes):
+        buf = engine.aligned_empty(size)
+        engine.fill_random(buf, seed + i)
+        out.append((offset, buf))
+        offset += size
+    return out
+
+
+def store_file(tmp_path, size: int = 16 * MiB) -> str:
+    path = tmp_path / "kv.store"
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return str(path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_entries_read_back_as_written_each_timed(tmp_path, backend):
+    sizes = [4096, 256 << 10, 3 * MiB + 8192, 128 << 10]
+    written = entries_of(sizes, seed=3)
+    with KvStore(store_file(tmp_path), block_size=MiB, queue_depth=4, backend=backend) as kv:
+        assert kv.backend == backend
+        w = kv.write(written)
+        back = [(off, engine.aligned_empty(len(buf))) for off, buf in written]
+        r = kv.read(back)
+    assert w.bytes == r.bytes == sum(sizes)
+    assert len(w.latencies) == len(r.latencies) == len(sizes)
+    assert (w.latencies > 0).all() and (r.latencies > 0).all()
+    assert w.sync_s > 0 and r.sync_s == 0  # a write batch ends durable; a read has no sync
+    assert (r.latencies <= r.io_s + 1e-6).all()  # an entry's time lies inside its batch's
+    for (_, a), (_, b) in zip(written, back):
+        assert np.array_equal(a, b)
+
+
+def test_an_entry_larger_than_a_block_is_timed_from_first_piece_to_last(tmp_path):
+    """An 8 MiB entry in 1 MiB pieces whose last piece the storage holds back 0.3 s: the
+    entry's latency holds that wait, though its first pieces came back at once."""
+    small, big = entries_of([MiB, 8 * MiB], seed=5)
+    last = Fault(op="read", delay=0.3, offset_lo=big[0] + 7 * MiB, offset_hi=big[0] + 8 * MiB)
+    with KvStore(store_file(tmp_path), block_size=MiB, queue_depth=2, faults=(last,)) as kv:
+        kv.write([small, big])
+        lat = kv.read([(small[0], engine.aligned_empty(MiB)),
+                       (big[0], engine.aligned_empty(8 * MiB))]).latencies
+    assert lat[1] >= 0.3 and lat[0] > 0
+
+
+@pytest.mark.parametrize("bad, said", [
+    ((1000, 4096), "not aligned to 4096 bytes"),       # offset
+    ((0, 5000), "not aligned to 4096 bytes"),          # length
+])
+def test_a_misaligned_entry_is_refused_before_any_io(tmp_path, bad, said):
+    offset, size = bad
+    path = store_file(tmp_path)
+    with KvStore(path, block_size=MiB) as kv, pytest.raises(InvalidJob, match=said):
+        kv.write([entries_of([4096], seed=2)[0], (offset, engine.aligned_empty(size + 4096)[:size])])
+    assert not np.any(np.fromfile(path, dtype=np.uint8, count=8192))  # nothing was written
+
+
+def test_an_io_error_names_its_entry_and_offset(tmp_path):
+    fault = Fault(op="read", error=errno.EIO, offset_lo=2 * MiB, offset_hi=2 * MiB + 4096)
+    written = entries_of([MiB, MiB, MiB], seed=9)
+    with KvStore(store_file(tmp_path), block_size=256 << 10, faults=(fault,)) as kv:
+        kv.write(written)
+        with pytest.raises(DeviceIoError) as e:
+            kv.read([(off, engine.aligned_empty(MiB)) for off, _ in written])
+    assert "entry 2" in str(e.value) and f"offset {2 * MiB}" in str(e.value)
+
+
+@needs_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_device_counts_every_byte_on_a_raw_store(loop_device, backend):
+    """A block device as the store: its own counters see each batch's bytes (O_DIRECT: no
+    byte served by the page cache)."""
+    dev = loop_device(32 * MiB)
+    target = Target(dev)
+    written = entries_of([MiB, 2 * MiB, 512 << 10], seed=11)
+    total = sum(len(b) for _, b in written)
+    with KvStore(dev, block_size=MiB, queue_depth=4, backend=backend) as kv:
+        before = target.device_stat()
+        kv.write(written)
+        middle = target.device_stat()
+        kv.read([(off, engine.aligned_empty(len(b))) for off, b in written])
+        after = target.device_stat()
+    assert middle.since(before)["write_bytes"] >= total
+    assert after.since(middle)["read_bytes"] >= total
+
+
+def test_a_write_batch_includes_its_fdatasync(misbehaving):
+    """On a file system whose flushes take a second, the batch's sync time holds it."""
+    storage = misbehaving("--fsync-delay", "1", size=4 * MiB)
+    with KvStore(str(storage.file), block_size=MiB, direct=False) as kv:
+        w = kv.write(entries_of([MiB], seed=1))
+    assert w.sync_s >= 1.0, f"{w.sync_s:.3f} s: the flush was not timed"
