@@ -401,23 +401,62 @@ def new_record(*, target: dict, profile: dict, engine: dict) -> dict:
     }
 
 
-def summarize(tests: list[dict], profile) -> dict:
+@dataclass
+class TestResult:
+    """One test of a run as the record keeps it: its outcome (passed, failed, broken,
+    skipped), time and message, what it measured and the verdicts on it (JSON-ready dicts:
+    they come across pytest's report, and xdist's boundary, as the recorder's payload), where
+    it ran (the device, or qual's filesystem on it) and the drive's error where the drive
+    failed an I/O. `drive` is the record it belongs to, not a key of it."""
+
+    __test__ = False  # a record's type, not a test class for pytest to collect
+
+    nodeid: str
+    drive: str
+    outcome: str = "passed"
+    duration_s: float = 0.0
+    message: str | None = None
+    measurements: list[dict] = field(default_factory=list)
+    verdicts: list[dict] = field(default_factory=list)
+    regressions: list[dict] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    where: str | None = None
+    device_error: dict | None = None
+
+    def judged(self, payload: dict) -> None:
+        """The recorder's payload of this test: measurements, verdicts, regressions,
+        unverified."""
+        for key in ("measurements", "verdicts", "regressions", "unverified"):
+            setattr(self, key, list(payload.get(key, [])))
+
+    def as_dict(self) -> dict:
+        """The record's entry (the JSON boundary): every field but the drive, the optional
+        ones only where set."""
+        out = asdict(self)
+        del out["drive"]
+        for key in ("where", "device_error"):
+            if out[key] is None:
+                del out[key]
+        return out
+
+
+def summarize(tests: list[TestResult], profile) -> dict:
     """Counts and the run's verdict: FAIL (a check failed), ERROR (a test could not measure),
     INCOMPLETE (a criterion of the profile was not judged: not measured, or UNVERIFIED for
     want of device truth), INCONCLUSIVE (a criterion failed on its median but its interval holds
     the bound, where the profile says that decides nothing; or a baseline comparison the noise
     cannot decide), else PASS."""
-    verdicts = [v for t in tests for v in t.get("verdicts", [])]
-    regressions = [r for t in tests for r in t.get("regressions", [])]
-    measurements = [m for t in tests for m in t.get("measurements", []) if _final(m)]
+    verdicts = [v for t in tests for v in t.verdicts]
+    regressions = [r for t in tests for r in t.regressions]
+    measurements = [m for t in tests for m in t.measurements if _final(m)]
     judged = {v["id"] for v in verdicts}
     not_judged = [c.id for c in profile.criteria if c.id not in judged]
     unsure = [v["line"] for v in verdicts if v.get("inconclusive")] + \
         [r["line"] for r in regressions if r.get("inconclusive")]
     failed = sum(not v["passed"] and not v.get("inconclusive") for v in verdicts) + \
         sum(not r["passed"] for r in regressions)
-    broken = sum(t["outcome"] == "broken" for t in tests)
-    failed_tests = sum(t["outcome"] == "failed" for t in tests)
+    broken = sum(t.outcome == "broken" for t in tests)
+    failed_tests = sum(t.outcome == "failed" for t in tests)
     if failed or failed_tests:
         verdict = "FAIL"
     elif broken:
@@ -433,7 +472,7 @@ def summarize(tests: list[dict], profile) -> dict:
         "tests": len(tests),
         "tests_failed": failed_tests,
         "tests_broken": broken,
-        "tests_skipped": sum(t["outcome"] == "skipped" for t in tests),
+        "tests_skipped": sum(t.outcome == "skipped" for t in tests),
         "measurements": len(measurements),
         "informational": sum(m["id"] not in judged for m in measurements),
         "checks_passed": sum(v["passed"] for v in verdicts) + sum(r["passed"] for r in regressions),
@@ -442,7 +481,7 @@ def summarize(tests: list[dict], profile) -> dict:
         "inconclusive": unsure,
         "not_judged": not_judged,
         "caveats": sorted({c for v in verdicts for c in v.get("caveats", ())}),
-        "unverified": [u for t in tests for u in t.get("unverified", [])],
-        "device_errors": [{"test": t["nodeid"], **t["device_error"]} for t in tests
-                          if t.get("device_error")],
+        "unverified": [u for t in tests for u in t.unverified],
+        "device_errors": [{"test": t.nodeid, **t.device_error} for t in tests
+                          if t.device_error],
     }

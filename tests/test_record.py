@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from qual.record import Baseline, SCHEMA, measure, summarize
+from qual.record import Baseline, SCHEMA, TestResult, measure, summarize
 from qual.workloads import registry
 from qual.thresholds import load_profile
 from qual.workloads.bandwidth import METRICS
@@ -53,11 +53,10 @@ def test_a_file_that_is_not_a_run_record_is_refused(tmp_path):
 def test_verdict_of_a_run():
     profile = load_profile("ci", registry())
     judged = [{"id": c.id, "passed": True} for c in profile.criteria]
-    ok = [{"outcome": "passed", "verdicts": judged, "measurements": []}]
+    ok = [TestResult("t", "d", verdicts=judged)]
     assert summarize(ok, profile)["verdict"] == "PASS"
     assert summarize(ok[:0], profile)["verdict"] == "INCOMPLETE"
-    failing = [{"outcome": "failed", "verdicts": [{**judged[0], "passed": False}],
-                "measurements": []}]
+    failing = [TestResult("t", "d", "failed", verdicts=[{**judged[0], "passed": False}])]
     assert summarize(failing, profile)["verdict"] == "FAIL"
-    broken = [{"outcome": "broken", "verdicts": judged, "measurements": []}]
+    broken = [TestResult("t", "d", "broken", verdicts=judged)]
     assert summarize(broken, profile)["verdict"] == "ERROR"

@@ -10,7 +10,7 @@ import sys
 
 from qual import stats
 from qual.judge import judge
-from qual.record import measure, summarize
+from qual.record import TestResult, measure, summarize
 from qual.thresholds import load_profile
 from qual.workloads import registry
 from qual.workloads.bandwidth import METRICS
@@ -112,13 +112,12 @@ def test_an_inconclusive_verdict_makes_the_run_inconclusive_unless_something_fai
     profile = load_profile(TINY_PROFILE, registry())
     unsure = {"id": SEQ, "passed": False, "inconclusive": True, "line": "INCONCLUSIVE: x"}
     rest = {"id": "rand_read_lat[bs=4K,qd=1,pct=99]", "passed": True, "line": "y"}
-    tests = [{"outcome": "passed", "verdicts": [unsure, rest], "measurements": []}]
+    tests = [TestResult("t", "d", verdicts=[unsure, rest])]
     s = summarize(tests, profile)
     assert s["verdict"] == "INCONCLUSIVE" and s["checks_failed"] == 0
     assert s["inconclusive"] == ["INCONCLUSIVE: x"]
     failed = {**rest, "passed": False}
-    s = summarize([{"outcome": "failed", "verdicts": [unsure, failed], "measurements": []}],
-                  profile)
+    s = summarize([TestResult("t", "d", "failed", verdicts=[unsure, failed])], profile)
     assert s["verdict"] == "FAIL" and s["checks_failed"] == 1
 
 

@@ -21,7 +21,8 @@ from qual.plan import Plan, Selected, make_plan
 from qual.target.filesystem import OPTIONS as MKFS_OPTIONS, QualFilesystem, private_mounts
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
-from qual.record import RECORD_NAME, Baseline, Measurement, drive_model, new_record, summarize, write_record
+from qual.record import (RECORD_NAME, Baseline, Measurement, TestResult, drive_model, new_record,
+                         summarize, write_record)
 from qual.target import DEFAULT_TARGET, Target, drive_label
 from qual.workloads import registry
 
@@ -104,7 +105,7 @@ class QualSession:
         self._targets: dict[str, Target] = {}
         self._sent: set[str] = set()
         self.measurements: dict[str, list[Measurement]] = {}
-        self.tests: dict[str, dict] = {}
+        self.tests: dict[str, TestResult] = {}
         self.targets_reported: dict[str, dict] = {}
         self.records: dict[str, tuple[Path, dict]] = {}
         self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -354,17 +355,15 @@ class QualSession:
         stopped += [(it, "skipped", f"not run: {spec} stopped answering ({said})")
                     for it in later if self.spec_of(it) == spec]
         for it, outcome, message in stopped:
-            entry = self.tests.setdefault(it.nodeid, {
-                "nodeid": it.nodeid, "drive": spec, "outcome": outcome, "duration_s": 0.0,
-                "measurements": [], "verdicts": [], "regressions": [],
-                "where": self.where(spec, self.family_of(it))})
-            entry.update(outcome=outcome, message=message)
+            entry = self.tests.setdefault(it.nodeid, TestResult(
+                it.nodeid, spec, where=self.where(spec, self.family_of(it))))
+            entry.outcome, entry.message = outcome, message
         alluredir = getattr(self.config.option, "allure_report_dir", None)
         lines = [f"qual: {said}", f"qual: {len(stopped) - 1} later test(s) on {spec} skipped; "
                  "the storage was not touched again (`qual clean` removes what the run left "
                  "there, once it answers)"]
         written = []
-        for name in {self.spec_of(it) for it in self.items} & {t["drive"] for t in
+        for name in {self.spec_of(it) for it in self.items} & {t.drive for t in
                                                               self.tests.values()}:
             record = self.build_record(name)
             written.append(record)
@@ -420,29 +419,26 @@ class QualSession:
         if TARGET_INFO in props:
             self.targets_reported.setdefault(props[TARGET_INFO]["spec"], props[TARGET_INFO])
         nodeid = report.nodeid.split(f"@{DRIVE_GROUP}")[0]  # xdist appends the group
-        entry = self.tests.setdefault(nodeid, {
-            "nodeid": nodeid, "drive": props.get(DRIVE, self.target_specs[0]),
-            "outcome": "passed", "duration_s": 0.0, "message": None,
-            "measurements": [], "verdicts": [], "regressions": []})
-        entry["duration_s"] += report.duration
+        entry = self.tests.setdefault(nodeid, TestResult(
+            nodeid, props.get(DRIVE, self.target_specs[0])))
+        entry.duration_s += report.duration
         if WHERE in props:
-            entry["where"] = props[WHERE]
+            entry.where = props[WHERE]
         if PAYLOAD in props and report.when == "call":
-            entry.update(props[PAYLOAD])
+            entry.judged(props[PAYLOAD])
         if DEVICE_ERROR in props:
-            entry["device_error"] = props[DEVICE_ERROR]
-        if report.failed and entry["outcome"] != "failed":
-            entry["outcome"] = props.get(STATUS, "broken")
-            entry["message"] = _short_message(report)
-        elif report.skipped and entry["outcome"] == "passed":
-            entry["outcome"] = "skipped"
-            entry["message"] = _short_message(report)
+            entry.device_error = props[DEVICE_ERROR]
+        if report.failed and entry.outcome != "failed":
+            entry.outcome = props.get(STATUS, "broken")
+            entry.message = _short_message(report)
+        elif report.skipped and entry.outcome == "passed":
+            entry.outcome = "skipped"
+            entry.message = _short_message(report)
 
     def build_record(self, spec: str) -> dict:
         target = self.targets_reported.get(spec) or {"spec": spec}
-        tests = [{k: v for k, v in t.items() if k != "drive"} for t in self.tests.values()
-                 if t["drive"] == spec]
-        backends = sorted({m["context"]["backend"] for t in tests for m in t["measurements"]
+        tests = [t for t in self.tests.values() if t.drive == spec]
+        backends = sorted({m["context"]["backend"] for t in tests for m in t.measurements
                            if "backend" in m["context"]})
         record = new_record(target=target, profile=self.profile.as_dict(),
                             engine={"io_uring": engine.io_uring_status() or "available",
@@ -452,7 +448,7 @@ class QualSession:
         record["seed"] = self.config.option.qual_seed
         baseline = self.baselines.get(spec)
         record["baseline"] = str(baseline.path) if baseline else None
-        record["tests"] = tests
+        record["tests"] = [t.as_dict() for t in tests]
         record["plan"] = target.get("plan")
         record["summary"] = summarize(tests, self.profile)
         return record
@@ -472,7 +468,7 @@ class QualSession:
             return
         alluredir = getattr(self.config.option, "allure_report_dir", None)
         for spec in self.target_specs:
-            if not interrupted and not any(t["drive"] == spec for t in self.tests.values()):
+            if not interrupted and not any(t.drive == spec for t in self.tests.values()):
                 continue
             record = self.build_record(spec)
             if interrupted:
