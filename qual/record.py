@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import socket
-import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -386,19 +385,40 @@ def write_record(path: Path, record: dict) -> None:
     os.replace(tmp, path)
 
 
-def new_record(*, target: dict, profile: dict, engine: dict) -> dict:
-    return {
-        "schema": SCHEMA,
-        "qual_version": qual_version(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "finished": None,
-        "host": host_info(),
-        "target": target,
-        "profile": profile,
-        "engine": engine,
-        "tests": [],
-        "summary": {},
-    }
+@dataclass
+class RunRecord:
+    """One drive's run as qual-run.json keeps it (schema qual-run/1): the drive, the host, the
+    profile, the engine, every test and the summary with the run's verdict; `stalled` and
+    `interrupted` say how a run that did not finish ended. Typed until it is written
+    (`as_dict`); what reads a record back (the report, the gate, `qual compare`) reads the
+    JSON, from this run or an older one."""
+
+    target: dict
+    profile: dict
+    engine: dict
+    tests: list[TestResult]
+    summary: dict
+    started: str
+    finished: str | None = None
+    seed: int | None = None
+    baseline: str | None = None
+    plan: dict | None = None
+    stalled: dict | None = None
+    interrupted: str | None = None
+    schema: str = SCHEMA
+    qual_version: str = field(default_factory=lambda: qual_version())
+    host: dict = field(default_factory=lambda: host_info())
+
+    def as_dict(self) -> dict:
+        out = {"schema": self.schema, "qual_version": self.qual_version,
+               "started": self.started, "finished": self.finished, "host": self.host,
+               "target": self.target, "profile": self.profile, "engine": self.engine,
+               "seed": self.seed, "baseline": self.baseline,
+               "tests": [t.as_dict() for t in self.tests], "plan": self.plan,
+               "summary": self.summary}
+        out.update({k: v for k, v in (("stalled", self.stalled),
+                                      ("interrupted", self.interrupted)) if v is not None})
+        return out
 
 
 @dataclass

@@ -21,7 +21,7 @@ from qual.plan import Plan, Selected, make_plan
 from qual.target.filesystem import OPTIONS as MKFS_OPTIONS, QualFilesystem, private_mounts
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
-from qual.record import (RECORD_NAME, Baseline, Measurement, TestResult, drive_model, new_record,
+from qual.record import (RECORD_NAME, Baseline, Measurement, RunRecord, TestResult, drive_model,
                          summarize, write_record)
 from qual.target import DEFAULT_TARGET, Target, drive_label
 from qual.workloads import registry
@@ -365,9 +365,10 @@ class QualSession:
         written = []
         for name in {self.spec_of(it) for it in self.items} & {t.drive for t in
                                                               self.tests.values()}:
-            record = self.build_record(name)
+            run = self.build_record(name)
+            run.stalled = {"test": item.nodeid if item else None, "what": stall}
+            record = run.as_dict()
             written.append(record)
-            record["stalled"] = {"test": item.nodeid if item else None, "what": stall}
             path = self.record_path(name)
             write_record(path, record)
             if alluredir:
@@ -435,23 +436,19 @@ class QualSession:
             entry.outcome = "skipped"
             entry.message = _short_message(report)
 
-    def build_record(self, spec: str) -> dict:
+    def build_record(self, spec: str) -> RunRecord:
         target = self.targets_reported.get(spec) or {"spec": spec}
         tests = [t for t in self.tests.values() if t.drive == spec]
         backends = sorted({m["context"]["backend"] for t in tests for m in t.measurements
                            if "backend" in m["context"]})
-        record = new_record(target=target, profile=self.profile.as_dict(),
-                            engine={"io_uring": engine.io_uring_status() or "available",
-                                    "backends_used": backends})
-        record["started"] = self.started
-        record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        record["seed"] = self.config.option.qual_seed
         baseline = self.baselines.get(spec)
-        record["baseline"] = str(baseline.path) if baseline else None
-        record["tests"] = [t.as_dict() for t in tests]
-        record["plan"] = target.get("plan")
-        record["summary"] = summarize(tests, self.profile)
-        return record
+        return RunRecord(
+            target=target, profile=self.profile.as_dict(),
+            engine={"io_uring": engine.io_uring_status() or "available",
+                    "backends_used": backends},
+            tests=tests, summary=summarize(tests, self.profile), started=self.started,
+            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=self.config.option.qual_seed,
+            baseline=str(baseline.path) if baseline else None, plan=target.get("plan"))
 
     def record_path(self, spec: str) -> Path:
         """results/qual-run.json; with several drives, results/<drive>/qual-run.json."""
@@ -470,9 +467,10 @@ class QualSession:
         for spec in self.target_specs:
             if not interrupted and not any(t.drive == spec for t in self.tests.values()):
                 continue
-            record = self.build_record(spec)
+            run = self.build_record(spec)
             if interrupted:
-                record["interrupted"] = "SIGINT (Ctrl-C): the tests after it did not run"
+                run.interrupted = "SIGINT (Ctrl-C): the tests after it did not run"
+            record = run.as_dict()
             path = self.record_path(spec)
             write_record(path, record)
             self.records[spec] = (path, record)
