@@ -199,7 +199,9 @@ class Family:
     not on --target, and takes no lock and leaves nothing there. `feasible(profile, criterion,
     link)`: why no drive of the profile's class can meet one of this family's criteria (`link`:
     the payload bytes/s of the class's host link, or None), for `qual profiles --check`; the
-    link check every bandwidth floor gets is the core's (qual/feasibility.py)."""
+    link check every bandwidth floor gets is the core's (qual/feasibility.py). Its command's
+    flags are made from `fields` (qual/flags.py); `flags` says what the command does beyond
+    them. `watch`: a family that watches the others' suites (health) instead of running."""
 
     name: str
     description: str
