@@ -18,7 +18,7 @@ SCHEMA = "qual-run/1"
 DEFAULT_TOLERANCE = 0.05  # a profile's regression tolerance when it names none
 RECORD_NAME = "qual-run.json"
 BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
-             "samples": "samples/s", "temperature": "C", "ratio": "x", "count": "count"}
+             "samples": "samples/s", "tokens": "tokens/s", "temperature": "C", "ratio": "x", "count": "count"}
 
 
 # what the judge reads of a measurement besides its value: typed fields, written into the

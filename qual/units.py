@@ -20,7 +20,8 @@ class UnitError(ValueError):
 @dataclass(frozen=True)
 class Unit:
     name: str
-    dimension: str  # size | bandwidth | time | rate | samples | temperature | ratio | count
+    dimension: str  # size | bandwidth | time | rate | samples | tokens | temperature | ratio |
+    #                 count
     factor: float  # base units per one of this unit
 
 
@@ -49,9 +50,11 @@ UNITS["%"] = Unit("%", "ratio", 0.01)
 UNITS["x"] = Unit("x", "ratio", 1.0)
 UNITS["count"] = Unit("count", "count", 1.0)
 UNITS["samples/s"] = Unit("samples/s", "samples", 1.0)  # training samples consumed
+UNITS["tokens/s"] = Unit("tokens/s", "tokens", 1.0)  # tokens an inference server generated
 UNITS["C"] = Unit("C", "temperature", 1.0)  # a temperature difference (kelvin = degrees C)
 
-DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "temperature", "ratio", "count")
+DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "tokens", "temperature", "ratio",
+              "count")
 
 _QUANTITY = re.compile(r"^\s*([-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*"
                        r"([A-Za-zµ%/]*)\s*$")
@@ -144,6 +147,7 @@ _AUTO = {
     "time": ("ns", "us", "ms", "s"),
     "rate": ("IOPS", "kIOPS", "MIOPS"),
     "samples": ("samples/s",),
+    "tokens": ("tokens/s",),
     "temperature": ("C",),
 }
 

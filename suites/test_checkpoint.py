@@ -6,24 +6,7 @@ for comparison), or MLPerf Storage v2.0's runs of writes, cache clear and reads.
 import allure
 import pytest
 
-from qual.workloads import checkpoint
-from qual.workloads.base import Repeated
-
 pytestmark = [pytest.mark.checkpoint, pytest.mark.destructive]
-
-
-@pytest.fixture(scope="module")
-def outcome(table, target, request, progress, repeats):
-    """The profile's procedure, `repeats` times over: each figure the median."""
-    if target.directory is None:
-        pytest.skip("checkpoints need a filesystem: qualify a directory on the drive")
-    try:
-        yield Repeated.run(lambda: checkpoint.run(target, table,
-                                                  seed=request.config.option.qual_seed,
-                                                  progress=progress), repeats, progress)
-    finally:
-        if not request.config.option.qual_keep_scratch:
-            checkpoint.remove(target)
 
 
 def _procedure(table, wanted: str) -> None:

@@ -7,21 +7,9 @@ import numpy as np
 import pytest
 
 from qual.workloads import gnn
-from qual.workloads.base import Repeated
 from qual.workloads.gnn import charts
 
 pytestmark = [pytest.mark.gnn]
-
-
-@pytest.fixture(scope="module")
-def outcome(table, target, request, progress, repeats):
-    """Both loaders, `repeats` times (mmap, GIDS, mmap, GIDS, ...): each figure the median."""
-    try:
-        yield Repeated.run(lambda: gnn.run(target, table, seed=request.config.option.qual_seed,
-                                           progress=progress), repeats, progress)
-    finally:
-        if not request.config.option.qual_keep_scratch:
-            gnn.remove(target)
 
 
 def _pick(outcome, *metrics):

@@ -6,24 +6,9 @@ simulator's own AU ceiling, and whether the dataset is big enough to mean anythi
 import allure
 import pytest
 
-from qual.workloads import training
-from qual.workloads.base import Repeated
 from qual.workloads.training import charts
 
 pytestmark = [pytest.mark.training]
-
-
-@pytest.fixture(scope="module")
-def outcome(table, target, request, progress, repeats):
-    """The accelerator sweep, `repeats` times over: each figure the median."""
-    if target.directory is None:
-        pytest.skip("sample files need a filesystem: qualify a directory on the drive")
-    try:
-        yield Repeated.run(lambda: training.run(target, table, progress=progress), repeats,
-                           progress)
-    finally:
-        if not request.config.option.qual_keep_scratch:
-            training.remove(target)
 
 
 def _pick(outcome, *metrics):

@@ -218,7 +218,8 @@ def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_de
     assert doc["filesystem"]["type"] == "ext4"
     where = {t["family"]: t["where"] for t in doc["tests"]}
     assert where == {"bandwidth": "raw", "integrity": "raw", "pts": "raw",
-                     "checkpoint": "filesystem", "gnn": "filesystem", "training": "filesystem"}
+                     "checkpoint": "filesystem", "gnn": "filesystem", "training": "filesystem",
+                     "kvcache": "filesystem"}
     proc = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
                 serial_of(dev), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -227,7 +228,7 @@ def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_de
     ran = {t["nodeid"].split("::")[0].split("/")[-1]: t["where"] for t in record["tests"]}
     assert ran["test_bandwidth.py"] == ran["test_pts.py"] == ran["test_integrity.py"] == "raw"
     assert ran["test_checkpoint.py"] == ran["test_gnn.py"] == ran["test_training_io.py"] == \
-        "filesystem"
+        ran["test_kvcache.py"] == "filesystem"
     order = [t["nodeid"] for t in record["tests"]]
     assert max(i for i, n in enumerate(order) if "test_pts" in n) < \
         min(i for i, n in enumerate(order) if "test_checkpoint" in n)  # raw suites first

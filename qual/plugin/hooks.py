@@ -22,7 +22,9 @@ from qual.plugin.recorder import Recorder
 from qual.plugin.session import (DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY,
                                  STATUS, TARGET_INFO, WHERE, QualSession, qual_session)
 from qual.record import Measurement
+from qual.flags import claimed
 from qual.target import DEFAULT_TARGET
+from qual.workloads.base import Repeated
 
 RECORDER_KEY = pytest.StashKey["Recorder"]()
 DEVICE_ERROR_KEY = pytest.StashKey[dict]()
@@ -155,6 +157,25 @@ def family_watches(request, target) -> dict:
     yield watches
     for watch in watches.values():
         watch.stop()
+
+
+@pytest.fixture(scope="module")
+def outcome(request, table, target, progress, repeats):
+    """A suite's shared outcome: its family's whole run `repeats` times over (each figure the
+    median: workloads.base.Repeated), read by the suite's tests; what the family made is
+    removed when the suite ends, unless --qual-keep-scratch. A family whose own field takes
+    the seed (training's file order, new every run) is not given --qual-seed."""
+    family = qual_session(request.config).families[_family_of(request.node)]
+    if family.filesystem and target.directory is None:
+        pytest.skip(f"the {family.name} family works on files: qualify a directory on the drive")
+    seeded = {} if "--seed" in claimed(family.fields) else \
+        {"seed": request.config.option.qual_seed}
+    try:
+        yield Repeated.run(lambda: family.run(target, table, progress=progress, **seeded),
+                           repeats, progress)
+    finally:
+        if family.remove and not request.config.option.qual_keep_scratch:
+            family.remove(target)
 
 
 @pytest.fixture(scope="session")

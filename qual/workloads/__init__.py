@@ -20,6 +20,7 @@ BUILTIN = (
     "qual.workloads.gnn",
     "qual.workloads.training",
     "qual.workloads.integrity",
+    "qual.workloads.kvcache",
     "qual.workloads.health",
 )
 

@@ -1,0 +1,73 @@
+"""A KV-cache run's results as measurements (storage latency of prefill writes and decode reads,
+end-to-end latency per QoS class, queue wait, tokens per second, decode bytes read, hit rate per
+tier) and as the outcome the command and the suite read."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qual.record import Measurement, measure
+from qual.workloads.base import Outcome
+from qual.workloads.kvcache.spec import METRICS, NAME, PERCENTILES
+
+
+def _pct(values: list[float], pct: float) -> float:
+    return float(np.percentile(values, pct)) if values else 0.0
+
+
+# the suite records these apart: the drive's figures, and what the users saw
+SECTIONS = {"storage": ("kv_storage_lat", "kv_decode_bytes_read", "kv_hit_rate"),
+            "service": ("kv_e2e_lat", "kv_queue_wait", "kv_tokens_per_s",
+                        "kv_storage_tokens_per_s")}
+
+
+class KvCacheOutcome(Outcome):
+    def __init__(self, result: dict, target: str):
+        self.result, self.target = result, target
+
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        """All, or one section: storage (the drive's figures) or service (the users')."""
+        found = self._all()
+        return found if section is None else [m for m in found if m.metric in SECTIONS[section]]
+
+    def _all(self) -> list[Measurement]:
+        r = self.result
+        reqs = r["requests"]
+        ctx = {"target": self.target, "model": r["model"], "backend": r["backend"],
+               "path": "O_DIRECT", "bytes_per_token": r["bytes_per_token"]}
+        out = []
+        for op, key, truth in (("write", "write_s", r["write_truth"]),
+                               ("read", "read_s", r["read_truth"])):
+            lats = [q[key] for q in reqs if q[key] is not None]
+            for p in PERCENTILES:
+                if lats:
+                    out.append(measure(NAME, METRICS["kv_storage_lat"], {"op": op, "pct": p},
+                                       _pct(lats, p), context={**ctx, **truth},
+                                       samples=lats))
+        for c in r["qos"]:
+            e2e = [q["done"] - q["arrival"] for q in reqs if q["qos"] == c]
+            for p in PERCENTILES[1:]:
+                if e2e:
+                    out.append(measure(NAME, METRICS["kv_e2e_lat"], {"class": c, "pct": p},
+                                       _pct(e2e, p), context=ctx, samples=e2e))
+        waits = [q["started"] - q["arrival"] for q in reqs]
+        out += [measure(NAME, METRICS["kv_queue_wait"], {"pct": p}, _pct(waits, p), context=ctx)
+                for p in PERCENTILES]
+        out.append(measure(NAME, METRICS["kv_tokens_per_s"], {}, r["tokens"] / r["wall_s"],
+                           context=ctx))
+        if r["storage_s"]:
+            out.append(measure(NAME, METRICS["kv_storage_tokens_per_s"], {},
+                               r["tokens"] / r["storage_s"], context=ctx))
+        out.append(measure(NAME, METRICS["kv_decode_bytes_read"], {}, r["read"],
+                           context={**ctx, **r["read_truth"]}))
+        total = sum(r["hits"].values())
+        out += [measure(NAME, METRICS["kv_hit_rate"], {"tier": tier}, n / total, context=ctx)
+                for tier, n in r["hits"].items() if total]
+        return out
+
+    def document(self) -> dict:
+        r = self.result
+        return {k: r[k] for k in ("model", "bytes_per_token", "backend", "wall_s", "storage_s",
+                                  "written", "read", "hits", "tokens", "device")} | {
+            "requests": len(r["requests"]),
+            "tokens_per_s": r["tokens"] / r["wall_s"]}

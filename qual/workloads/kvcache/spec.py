@@ -1,0 +1,138 @@
+"""The KV-cache family's spec (MLPerf Storage v3.0's KV-cache benchmark, reference/mlperf-storage-
+v3.md): the models whose attention keys and values are offloaded, the bytes one token's KV
+entry takes, the users' QoS classes, the fields of the profile table and the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qual.family import Field, Metric, Param, measurement_id
+from qual.workloads.base import backend_field
+
+NAME = "kvcache"
+REFERENCE = "mlcommons/storage kv_cache_benchmark/kv_cache/models.py at 64f05b37"
+
+
+@dataclass(frozen=True)
+class Model:
+    """What one token's KV entry holds. MHA/GQA: every layer keeps a key and a value of head_dim
+    elements per KV head; MLA (DeepSeek) keeps one compressed latent of `latent` elements plus a
+    shared RoPE key of `rope` elements per layer, keys and values together (no x 2)."""
+
+    name: str
+    layers: int
+    kv_heads: int = 0
+    head_dim: int = 0
+    latent: int = 0   # MLA: kv_lora_rank
+    rope: int = 0     # MLA: qk_rope_head_dim
+    bytes_per_element: int = 2  # fp16 / bf16
+
+    @property
+    def bytes_per_token(self) -> int:
+        if self.latent:
+            return self.layers * (self.latent + self.rope) * self.bytes_per_element
+        return self.layers * self.kv_heads * self.head_dim * 2 * self.bytes_per_element
+
+    def derivation(self) -> str:
+        """The arithmetic, as `--plan` prints it."""
+        if self.latent:
+            return (f"{self.name} (MLA): layers x (latent rank + RoPE dim) x bytes = {self.layers} "
+                    f"x ({self.latent} + {self.rope}) x {self.bytes_per_element} = "
+                    f"{self.bytes_per_token:,} B/token")
+        return (f"{self.name}: layers x KV heads x head dim x 2 (K and V) x bytes = {self.layers} "
+                f"x {self.kv_heads} x {self.head_dim} x 2 x {self.bytes_per_element} = "
+                f"{self.bytes_per_token:,} B/token")
+
+
+# the reference's model table (fp16); head dim = hidden / heads unless the model gives its own
+MODELS = {m.name: m for m in (
+    Model("llama3.1-8b", layers=32, kv_heads=8, head_dim=4096 // 32),
+    Model("llama3.1-70b", layers=80, kv_heads=8, head_dim=8192 // 64),
+    Model("mistral-7b", layers=32, kv_heads=8, head_dim=4096 // 32),
+    Model("llama2-7b", layers=32, kv_heads=32, head_dim=4096 // 32),
+    Model("deepseek-v3", layers=61, latent=512, rope=64),
+    Model("qwen3-32b", layers=64, kv_heads=8, head_dim=128),
+    Model("gpt-oss-120b", layers=36, kv_heads=8, head_dim=64),
+    Model("gpt-oss-20b", layers=24, kv_heads=8, head_dim=64),
+)}
+
+# the reference's QoS classes: end-to-end latency targets (seconds) at p95 and p99
+QOS = {"interactive": (0.050, 0.100), "responsive": (0.100, 0.200), "batch": (1.0, 5.0)}
+_PCT, _OP, _CLASS, _TIER = (Param("pct", "number"), Param("op", "name"), Param("class", "name"),
+                            Param("tier", "name"))
+PERCENTILES = (50.0, 95.0, 99.0)
+
+METRICS = {m.name: m for m in (
+    Metric("kv_storage_lat", "time", "lower", (_OP, _PCT),
+           "a request's KV entries written to (prefill) or read from (decode) the drive, "
+           "first byte handed over to last back, a write batch's fdatasync included"),
+    Metric("kv_e2e_lat", "time", "lower", (_CLASS, _PCT),
+           "a request's end-to-end latency, arrival to its last decode read, by QoS class"),
+    Metric("kv_queue_wait", "time", "lower", (_PCT,), "a request's wait before it is served"),
+    Metric("kv_tokens_per_s", "tokens", "higher", (),
+           "tokens generated per second of wall clock"),
+    Metric("kv_storage_tokens_per_s", "tokens", "higher", (),
+           "tokens generated per second of storage time (the reference's storage throughput)"),
+    Metric("kv_decode_bytes_read", "size", "higher", (),
+           "bytes decode read back from the drive, proven by its counters"),
+    Metric("kv_hit_rate", "ratio", "higher", (_TIER,),
+           "decode reads a tier served, of all decode reads"),
+)}
+
+FIELDS = (
+    Field("model", "choice", default="llama3.1-8b", choices=tuple(MODELS)),
+    Field("users", "count", default=8, maximum=4096, help="concurrent users"),
+    Field("requests", "count", default=4, help="requests per user (turns of its conversation)"),
+    Field("context_tokens", "counts", default=[256, 1024],
+          help="the first turn's context, drawn between the two (lowest, highest)"),
+    Field("turn_tokens", "count", default=128, help="tokens a later turn adds to its context"),
+    Field("generation_tokens", "count", default=64, help="tokens generated per request"),
+    Field("think_time", "duration", default="0 s", minimum=0,
+          help="a user's pause between its requests"),
+    Field("classes", "choices", default=list(QOS), choices=tuple(QOS),
+          help="the QoS classes users are drawn from, in turn"),
+    Field("cpu_mem", "size", default=0, minimum=0,
+          help="the CPU tier: KV entries kept in host memory (LRU, evicting to the drive)"),
+    Field("gpu_mem", "size", default=0, minimum=0,
+          help="the GPU tier (needs CUDA; 0 where there is none)"),
+    Field("store_size", "size", default=0, minimum=0,
+          help="the store qual lays out on the target for the drive tier (0: what the run "
+               "needs at most, every entry on the drive)"),
+    Field("block_size", "size", default="1 MiB", minimum=4096, help="bytes per I/O"),
+    Field("queue_depth", "count", default=16, maximum=1024),
+    backend_field(),
+)
+
+
+def check_table(table: dict) -> list[tuple[str, str]]:
+    problems = []
+    lo_hi = table["context_tokens"]
+    if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
+        problems.append(("context_tokens", "needs two counts, the lowest first"))
+    if table["block_size"] % 4096:
+        problems.append(("block_size", "is not a multiple of 4 KiB"))
+    if not problems and table["store_size"]:
+        need = drive_bytes(table)
+        if need > table["store_size"]:
+            problems.append(("store_size", f"{table['store_size']:,} B cannot hold the run's KV "
+                             f"entries ({need:,} B at most, every entry on the drive): raise "
+                             "it, or lower users, requests or context_tokens"))
+    return problems
+
+
+def drive_bytes(table: dict) -> int:
+    """The most the drive tier holds at once: every entry of every conversation (each in whole
+    4 KiB units), as where host memory holds none."""
+    bpt = MODELS[table["model"]].bytes_per_token
+    unit = lambda tokens: -(-tokens * bpt // 4096) * 4096  # noqa: E731
+    later = table["turn_tokens"] + table["generation_tokens"]
+    return table["users"] * (unit(table["context_tokens"][1]) +
+                             (table["requests"] - 1) * unit(later))
+
+
+def cells(table: dict) -> list[str]:
+    out = [measurement_id(METRICS["kv_storage_lat"], {"op": op, "pct": p})
+           for op in ("write", "read") for p in PERCENTILES]
+    out += [measurement_id(METRICS["kv_e2e_lat"], {"class": c, "pct": p})
+            for c in table["classes"] for p in PERCENTILES[1:]]
+    return out + ["kv_tokens_per_s", "kv_storage_tokens_per_s", "kv_decode_bytes_read"]
