@@ -9,7 +9,7 @@ from qual.family import Family, Flags, Rates, Work
 from qual.target import Target
 from qual.workloads.kvcache.results import KvCacheOutcome
 from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
-                                         drive_bytes)
+                                         drive_bytes, turn_entries)
 from qual.workloads.kvcache import workload
 
 RUN_TESTS = ("test_storage", "test_service")
@@ -40,12 +40,8 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     decode reading its conversation so far back (where host memory holds none of it)."""
     if test not in RUN_TESTS:
         return []
-    bpt = MODELS[table["model"]].bytes_per_token
-    unit = lambda tokens: -(-tokens * bpt // 4096) * 4096  # noqa: E731
-    first, later = unit(table["context_tokens"][1]), \
-        unit(table["turn_tokens"] + table["generation_tokens"])
-    turns = table["requests"]
-    read = table["users"] * sum(first + t * later for t in range(turns))
+    first, later = turn_entries(table)
+    read = table["users"] * sum(first + t * later for t in range(table["requests"]))
     written = drive_bytes(table)
     return [Work("kvcache run", written / rates.write_bw + read / rates.read_bw,
                  bytes_written=written, bytes_read=read, space=written, repeated=True,

@@ -120,14 +120,26 @@ def check_table(table: dict) -> list[tuple[str, str]]:
     return problems
 
 
-def drive_bytes(table: dict) -> int:
-    """The most the drive tier holds at once: every entry of every conversation (each in whole
-    4 KiB units), as where host memory holds none."""
+ALIGN = 4096  # an entry on the drive takes whole units of this (O_DIRECT)
+
+
+def entry_bytes(tokens: int, bytes_per_token: int) -> int:
+    """A KV entry's bytes on the drive: whole 4 KiB units."""
+    return -(-tokens * bytes_per_token // ALIGN) * ALIGN
+
+
+def turn_entries(table: dict) -> tuple[int, int]:
+    """The bytes of a conversation's largest first-turn entry and of each later turn's."""
     bpt = MODELS[table["model"]].bytes_per_token
-    unit = lambda tokens: -(-tokens * bpt // 4096) * 4096  # noqa: E731
-    later = table["turn_tokens"] + table["generation_tokens"]
-    return table["users"] * (unit(table["context_tokens"][1]) +
-                             (table["requests"] - 1) * unit(later))
+    return (entry_bytes(table["context_tokens"][1], bpt),
+            entry_bytes(table["turn_tokens"] + table["generation_tokens"], bpt))
+
+
+def drive_bytes(table: dict) -> int:
+    """The most the drive tier holds at once: every entry of every conversation, as where
+    host memory holds none."""
+    first, later = turn_entries(table)
+    return table["users"] * (first + (table["requests"] - 1) * later)
 
 
 def cells(table: dict) -> list[str]:

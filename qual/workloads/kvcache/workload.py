@@ -22,17 +22,10 @@ from qual import engine, honesty
 from qual.errors import InvalidJob, TargetUnavailable
 from qual.target import Target
 from qual.target.scratch import fsync_dir, own_folder, remove_made
-from qual.workloads.kvcache.spec import MODELS, QOS, drive_bytes
+from qual.workloads.kvcache.spec import MODELS, QOS, drive_bytes, entry_bytes
 
 FOLDER = "qual-kvcache"
 MANIFEST = "manifest.json"
-ALIGN = 4096
-
-
-def entry_bytes(tokens: int, bytes_per_token: int) -> int:
-    """A KV entry's bytes on the drive: whole 4 KiB units (O_DIRECT), as spec.drive_bytes
-    counts them."""
-    return -(-tokens * bytes_per_token // ALIGN) * ALIGN
 
 
 @dataclass
