@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import errno
 import json
+import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -152,6 +154,76 @@ def test_an_error_in_the_progress_callback_stops_the_native_job(data_file):
         with pytest.raises(RuntimeError, match="progress display broke"):
             run_job(job, ctl=ctl, progress=progress, interval=0.1)
     _assert_stopped(ctl, threads, by=time.monotonic() + 2.0)
+
+
+class Interrupted(Exception):
+    """Ctrl-C, arriving at a chosen instant."""
+
+
+@contextmanager
+def interrupt_when(happened):
+    """Raise Interrupted in this thread the moment `happened(frame, event, arg)` says so, as a
+    Ctrl-C does: between two bytecodes, wherever they are (a profile hook's exception goes
+    into the code it watches, and the hook is gone after it)."""
+    def hook(frame, event, arg):
+        if happened(frame, event, arg):
+            sys.setprofile(None)
+            raise Interrupted("Ctrl-C the instant after the engine call was handed over")
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+def test_an_exception_the_instant_after_the_hand_over_stops_the_native_job(data_file):
+    """The hand-over itself is no refuge: an exception the moment the engine's thread has
+    started, before the caller waits on it, stops the hour-long job before it reaches the
+    caller (CI caught `qual gnn` freeing a feature cache under a gather still running)."""
+    threads = os_threads()
+    ctl = engine.new_ctl()
+    job = IoJob(target=str(data_file), op="read", pattern="random", block_size=4096, size=MiB,
+                workers=2, queue_depth=4, runtime=3600.0)
+    started = threading.Thread.start.__code__
+    with time_limit(JOB_LIMIT, "an hour-long job interrupted at its hand-over"):
+        with pytest.raises(Interrupted):
+            with interrupt_when(lambda frame, event, arg: event == "return" and
+                                frame.f_code is started):
+                run_job(job, ctl=ctl)
+    by = time.monotonic() + 2.0
+    while os_threads() - threads and time.monotonic() < by:
+        time.sleep(0.01)
+    assert not os_threads() - threads  # it never started, or it stopped: nothing runs on
+    ops = int(ctl.ops_done)
+    time.sleep(0.3)
+    assert int(ctl.ops_done) == ops
+
+
+def test_a_gather_interrupted_at_its_hand_over_is_over_and_the_cache_reads_on(tmp_path):
+    """A feature cache's gathers go to its own engine thread; an exception the instant one is
+    queued there leaves no gather running (the next one starts, and is not told an earlier
+    one never returned), and the cache then gathers the right bytes."""
+    rows, row = 4096, 4096
+    path = tmp_path / "features.bin"
+    write_pattern_file(path, rows * row, seed=9)
+    cache = engine.FeatureCache(str(path), rows=rows, row_bytes=row, row_stride=row,
+                                capacity_pages=rows, queue_depth=8, max_coalesce=1)
+    order = np.random.default_rng(3).permutation(rows).astype(np.int64)
+    out = np.zeros((rows, row), np.uint8)
+    calls = cache._thread._calls  # the one place a gather is handed over
+
+    def queued(frame, event, arg):
+        return event == "c_return" and getattr(arg, "__self__", None) is calls
+    with time_limit(JOB_LIMIT, "a gather interrupted at its hand-over"):
+        with pytest.raises(Interrupted):
+            with interrupt_when(queued):
+                cache.gather(order, out)
+        cache.gather(order[:64], out[:64])
+    want = bytearray(row)
+    for i in (0, 63):
+        engine.pattern_fill(memoryview(want), 9, int(order[i]) * row)
+        assert bytes(out[i]) == bytes(want)
+    cache.close()
 
 
 # ------------------------------------------------------------------ the other counted loops

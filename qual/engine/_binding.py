@@ -61,6 +61,46 @@ def ns(seconds: float) -> int:
     return round(seconds * 1e9) if math.isfinite(seconds) else UNBOUNDED
 
 
+class Handover:
+    """One long engine call handed from the caller's thread to the thread that runs it.
+
+    An exception (Ctrl-C, a test's timeout) can reach the caller between any two of its
+    bytecodes, even the instant after the call was handed over and before the caller waits on
+    it; the caller then either withdraws the call before it starts (withdraw() is True: it
+    never runs) or, once it has started, cancels it and waits for it to finish. Either way it
+    does not go on while the call still runs on memory the caller is about to free (a feature
+    cache closed under a gather). The lock makes withdraw and start exclusive."""
+
+    def __init__(self, call):
+        self._call = call
+        self._lock = threading.Lock()
+        self._state = "handed over"  # then "running" or "withdrawn"
+        self.finished = threading.Event()  # an Event, not Thread.join: a join that an
+        # exception interrupts can report a live thread as stopped (CPython)
+        self.outcome: tuple[int, str] | None = None
+
+    def run(self) -> None:  # on the engine's thread
+        with self._lock:
+            if self._state == "withdrawn":
+                return
+            self._state = "running"
+        try:
+            rc = self._call()
+            # the context of a failure is per thread: take it here, on the thread that failed
+            self.outcome = (rc, ffi.string(lib.qual_last_error()).decode(errors="replace"))
+        finally:
+            self.finished.set()
+
+    def withdraw(self) -> bool:
+        """True if the call had not started and now never will; False once it runs."""
+        with self._lock:
+            if self._state != "handed over":
+                return False
+            self._state = "withdrawn"
+        self.finished.set()
+        return True
+
+
 class EngineThread:
     """One helper thread for all of an engine object's long calls, one at a time: for engine
     state that belongs to the thread using it (a feature cache's io_uring ring, made for a
@@ -68,77 +108,63 @@ class EngineThread:
 
     def __init__(self, name: str):
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._last: threading.Event | None = None
+        self._last: Handover | None = None
         self.thread = threading.Thread(target=self._serve, args=(self._calls,), name=name,
                                        daemon=True)
         self.thread.start()
 
     @staticmethod
     def _serve(calls: queue.SimpleQueue) -> None:  # idle between calls; None ends it
-        while (work := calls.get()) is not None:
-            work()
+        while (job := calls.get()) is not None:
+            job.run()
 
-    def start(self, work, finished: threading.Event, memory) -> None:
-        if self._last is not None and not self._last.is_set():
+    def start(self, job: Handover, memory) -> None:
+        if self._last is not None and not self._last.finished.is_set():
             raise EngineStuck(errno_mod.ETIMEDOUT, "an earlier engine call on this object never "
                               "returned: its I/Os are still with the kernel")
-        self._last = finished
+        self._last = job
         self.thread.engine_memory = memory
-        self._calls.put(work)
+        self._calls.put(job)
 
     def close(self) -> None:
         self._calls.put(None)
 
 
 def long_call(call, ctl, keep, progress: Progress | None, interval: float,
-              thread: EngineThread | None = None) -> int:
+              thread: EngineThread | None = None) -> tuple[int, str]:
     """Run a long engine call on a helper thread (a fresh one, or the given EngineThread), so
     that the main thread stays free to report progress(bytes_done, ops_done, seconds) every
     `interval` and to notice an exception (Ctrl-C, a test's timeout, a failing progress
-    callback). Any exception that leaves this call cancels the engine call through ctl and
-    waits, at most STOP_WAIT seconds, for it to stop: no engine call outlives the call that
-    started it."""
-    outcome: list[tuple[int, str]] = []
-    # an Event, not Thread.join: a join that an exception interrupts can report a live thread
-    # as stopped (CPython), and then the engine would run on past this call
-    finished = threading.Event()
-
-    def work():
-        try:
-            rc = call()
-            # the context of a failure is per thread: take it here, on the thread that failed
-            outcome.append((rc, ffi.string(lib.qual_last_error()).decode(errors="replace")))
-        finally:
-            finished.set()
-
+    callback). Any exception that leaves this call, wherever it lands, withdraws the engine
+    call if it has not started, or cancels it through ctl and waits, at most STOP_WAIT
+    seconds, for it to stop: no engine call outlives the call that started it."""
+    job = Handover(call)
+    worker = None
     started = time.monotonic()
-    if thread:
-        worker = None
-        thread.start(work, finished, (ctl, keep))
-    else:
-        worker = threading.Thread(target=work, name="qual-engine", daemon=True)
-        # the engine reads these until it returns, even if a second Ctrl-C abandons the wait
-        worker.engine_memory = (ctl, keep)
-        worker.start()
-    try:
+    try:  # the hand-over too: an exception the instant after it must still stop the call
+        if thread:
+            thread.start(job, (ctl, keep))
+        else:
+            worker = threading.Thread(target=job.run, name="qual-engine", daemon=True)
+            # the engine reads these until it returns, even if a second Ctrl-C abandons the wait
+            worker.engine_memory = (ctl, keep)
+            worker.start()
         last = started
-        while not finished.wait(0.05):
+        while not job.finished.wait(0.05):
             now = time.monotonic()
             if progress and now - last >= interval:
                 progress(int(ctl.bytes_done), int(ctl.ops_done), now - started)
                 last = now
     except BaseException as stop:
         ctl.cancel = 1
-        if not finished.wait(STOP_WAIT):
+        if not job.withdraw() and not job.finished.wait(STOP_WAIT):
             raise EngineStuck(errno_mod.ETIMEDOUT, f"still running {STOP_WAIT:g} s after it was "
                               f"cancelled ({type(stop).__name__}): I/Os the kernel has not "
                               "returned") from stop
-        if worker:
-            worker.join()  # past finished: only the thread's own exit is left
         raise
     if worker:
-        worker.join()
-    return outcome[0]
+        worker.join()  # past finished: only the thread's own exit is left
+    return job.outcome
 
 
 def check_outcome(outcome: tuple[int, str], **where) -> None:
