@@ -262,7 +262,8 @@ V3 = [n for n, w in configs.WORKLOADS.items() if "MLPerf Storage v3.0" in w.sour
 def test_mlperf_storage_v3_adds_retinanet_flux_and_dlrm():
     assert {n.rsplit("-", 1)[0] for n in V3} == {"retinanet", "flux", "dlrm", "dlrm-parquet"}
     assert {"retinanet-a100", "retinanet-h100", "retinanet-b200", "retinanet-mi355", "flux-a100",
-            "flux-h100", "flux-b200", "flux-mi355", "dlrm-a100", "dlrm-h100"} <= set(V3)
+            "flux-h100", "flux-b200", "flux-mi355", "dlrm-a100", "dlrm-h100", "dlrm-b200",
+            "dlrm-mi355"} <= set(V3)
 
 
 @pytest.mark.parametrize("name", V3)
@@ -362,3 +363,33 @@ source = "tests: above the ceiling"
     record = load_record(results)
     assert record["summary"]["verdict"] == "ERROR", proc.stdout[-3000:]
     assert "cannot judge the drive" in proc.stdout
+
+
+@needs_root
+def test_dlrm_b200_reads_only_the_columns_its_loader_wants(tmp_path, loop_device):
+    """DLRM's b200 parquet files hold 200 columns of 761 B a row in row groups; its loader
+    reads 40 of them (160 B a row): each file's chunks of those columns in each row group,
+    widened to whole logical blocks (O_DIRECT), and the device reads just those."""
+    mnt = loop_device.mount(loop_device(256 << 20), options="noatime")
+    t = table(workload="dlrm-b200", files=4, record_scale=0.002, computation_time="1 ms",
+              calibrate=False)
+    w = training.workload_of(t)
+    assert w.sample_read_bytes == 160 and len(w.columns) == 200 and w.record_length == 761
+    per_file = engine.Ranges(w.column_ranges(), Target(mnt).align).nbytes
+    assert per_file < 0.5 * w.file_bytes  # the columns, not the file
+    (r,) = training.run(Target(mnt), t)["runs"]
+    assert r["bytes"] % per_file == 0 and 1 <= r["bytes"] // per_file <= 4
+    assert r["device_read_bytes"] == pytest.approx(r["bytes"], rel=0.05)
+    training.remove(Target(mnt))
+
+
+def test_ranges_widen_to_the_alignment_and_merge(tmp_path):
+    """A reader of ranges reads each, widened to whole 4 KiB blocks, neighbours once."""
+    path = tmp_path / "cols.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    ranges = engine.Ranges([(100, 10), (4096, 4096), (8190, 4), (900_000, 200_000)], 4096)
+    assert len(ranges) == 2 and ranges.nbytes == 12288 + (1_101_824 - 897_024)
+    reader = SampleReader(block_size=64 << 10, queue_depth=4, align=4096)
+    assert reader.read(str(path), ranges) == 12288 + (1 << 20) - 897_024  # to the file's end
+    assert reader.read(str(path)) == 1 << 20
+    reader.close()

@@ -338,6 +338,17 @@ int qual_reader_backend(const struct qual_reader *r, int *backend);
  * and ops_done (one per file) grow as files complete. */
 int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *ctl,
                      uint64_t *bytes);
+/* A part of a file to read: for a columnar file (parquet), one column chunk of a row group. */
+struct qual_range {
+    uint64_t offset;
+    uint64_t nbytes;
+};
+/* Read only these ranges of the file (sorted, not overlapping, each offset and length a
+ * multiple of the alignment, the last may end past the file's end); *bytes is what the file
+ * had in them. */
+int qual_reader_read_ranges(struct qual_reader *r, const char *path,
+                            const struct qual_range *ranges, uint32_t nranges,
+                            struct qual_ctl *ctl, uint64_t *bytes);
 /* ---------------------------------------------------------------- KV-cache store (kv.c) */
 /* A KV-cache store's I/O: whole entries written to or read from given offsets of one store (a
  * file or a block device), each in block_size pieces with queue_depth in flight (io_uring; one

@@ -1,8 +1,8 @@
-/* reader.c — whole-file reads as a training data loader's read thread does them (DLIO's
- * on-demand reader: open the sample file, read all of it, close). The bytes land in a reused
- * set of block buffers and are not passed on: what a simulated accelerator needs is the time
- * the read took. io_uring keeps queue_depth blocks of the file in flight; psync reads them one
- * after another. */
+/* reader.c — sample-file reads as a training data loader's read thread does them (DLIO's
+ * on-demand reader: open the sample file, read all of it, close; or, for a columnar file, only
+ * the chunks of the columns it wants). The bytes land in a reused set of block buffers and are
+ * not passed on: what a simulated accelerator needs is the time the read took. io_uring keeps
+ * queue_depth blocks of the file in flight; psync reads them one after another. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -19,6 +19,8 @@ struct qual_reader {
     /* the file being read */
     const char *path;
     uint64_t size;
+    const struct qual_range *ranges; /* what to read of it, in order */
+    uint32_t nranges, range;         /* how many; the one being handed to the queue */
     uint64_t next;      /* the next offset to hand to the queue */
     uint64_t bytes;
     uint64_t err_off;   /* the lowest failing offset is the one reported */
@@ -61,23 +63,22 @@ int qual_reader_backend(const struct qual_reader *r, int *backend)
     return 0;
 }
 
-/* O_DIRECT lengths are aligned: the last block asks past the end and gets the rest. */
-static uint32_t block_len(const struct qual_reader *r, uint64_t off)
-{
-    uint64_t left = r->size - off;
-    return left < r->o.block_size
-               ? (uint32_t)((left + r->o.align - 1) / r->o.align * r->o.align)
-               : r->o.block_size;
-}
-
+/* The next block of the ranges, up to the end of its range (O_DIRECT lengths are aligned: a
+ * range that ends past the file's end gets the rest). */
 static int block_next(void *ctx, struct ioq_io *io)
 {
     struct qual_reader *r = ctx;
-    if (r->err || r->next >= r->size)
+    while (r->range < r->nranges &&
+           r->next >= r->ranges[r->range].offset + r->ranges[r->range].nbytes) {
+        if (++r->range < r->nranges)
+            r->next = r->ranges[r->range].offset;
+    }
+    if (r->err || r->range >= r->nranges || r->next >= r->size)
         return 0;
+    uint64_t left = r->ranges[r->range].offset + r->ranges[r->range].nbytes - r->next;
     io->op = QUAL_OP_READ;
     io->off = r->next;
-    io->len = block_len(r, r->next);
+    io->len = left < r->o.block_size ? (uint32_t)left : r->o.block_size;
     r->next += io->len;
     return 1;
 }
@@ -104,10 +105,19 @@ static int block_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t 
     return 0; /* the rest drains; the lowest failing offset wins */
 }
 
-int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *ctl,
-                     uint64_t *bytes)
+static int read_file(struct qual_reader *r, const char *path, const struct qual_range *ranges,
+                     uint32_t nranges, struct qual_ctl *ctl, uint64_t *bytes)
 {
     *bytes = 0;
+    uint64_t mask = r->o.align - 1;
+    for (uint32_t i = 0; i < nranges; i++) {
+        if ((ranges[i].offset | ranges[i].nbytes) & mask || !ranges[i].nbytes ||
+            (i && ranges[i].offset < ranges[i - 1].offset + ranges[i - 1].nbytes))
+            return qual_set_error(-EINVAL, "range %u (%llu bytes at %llu) is empty, unaligned "
+                                  "to %u or out of order", i,
+                                  (unsigned long long)ranges[i].nbytes,
+                                  (unsigned long long)ranges[i].offset, r->o.align);
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC | (r->o.direct ? O_DIRECT : 0));
     if (fd < 0) {
         int err = errno;
@@ -137,9 +147,15 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
         ioq_set_cancel(r->q, &ctl->cancel);
     }
     if (!rc) {
+        /* the whole file: one range over it, its end rounded up to the alignment */
+        struct qual_range whole = {0, ((uint64_t)st.st_size + mask) & ~mask};
         r->path = path;
         r->size = (uint64_t)st.st_size;
-        r->next = r->bytes = 0;
+        r->ranges = ranges ? ranges : &whole;
+        r->nranges = ranges ? nranges : 1;
+        r->range = 0;
+        r->next = r->nranges ? r->ranges[0].offset : 0;
+        r->bytes = 0;
         r->err_off = UINT64_MAX;
         r->err = 0;
         struct ioq_client c = {r, block_next, block_done, NULL};
@@ -147,6 +163,7 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
         if (!rc)
             rc = r->err;
         *bytes = r->bytes;
+        r->ranges = NULL;
     }
     ioq_close_target(fd, rc == -ETIMEDOUT);
     if (!rc) {
@@ -154,4 +171,20 @@ int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *c
         __atomic_add_fetch(&ctl->ops_done, 1, __ATOMIC_RELAXED);
     }
     return rc;
+}
+
+int qual_reader_read(struct qual_reader *r, const char *path, struct qual_ctl *ctl,
+                     uint64_t *bytes)
+{
+    return read_file(r, path, NULL, 0, ctl, bytes);
+}
+
+int qual_reader_read_ranges(struct qual_reader *r, const char *path,
+                            const struct qual_range *ranges, uint32_t nranges,
+                            struct qual_ctl *ctl, uint64_t *bytes)
+{
+    if (!ranges && nranges)
+        return qual_set_error(-EINVAL, "ranges is NULL");
+    static const struct qual_range none = {0, 0};
+    return read_file(r, path, ranges ? ranges : &none, ranges ? nranges : 0, ctl, bytes);
 }

@@ -15,7 +15,7 @@ from qual.engine.data import (aligned_empty, crc32c, crc32c_hardware, dio_alignm
 from qual.engine.histogram import PERCENTILES, LatencyHistogram, bucket_index, bucket_value
 from qual.engine.job import PATTERN_UNIT, Direction, Fault, IoJob, IoResult, combined, run_job
 from qual.engine.kvstore import KvBatch, KvStore
-from qual.engine.reader import SampleReader
+from qual.engine.reader import Ranges, SampleReader
 from qual.engine.verify import BLOCK_KINDS, BadBlock, VerifyResult, verify_block, verify_blocks
 from qual.errors import (BackendUnavailable, Cancelled, DataMismatch, DeviceIoError,
                          EngineStuck, InvalidJob, NoSpace, QualError, Stalled, TargetUnavailable,
@@ -27,7 +27,7 @@ __all__ = [
     "BadBlock", "CacheStats", "Direction", "combined", "aligned_empty", "Cancelled", "DataMismatch", "DeviceIoError", "EngineStuck",
     "Fault", "FeatureCache", "FileResult", "InvalidJob", "IoJob", "IoResult", "KvBatch", "KvStore",
     "LatencyHistogram",
-    "NoSpace", "Progress", "QualError", "SampleReader", "Stalled", "TargetUnavailable",
+    "NoSpace", "Progress", "QualError", "Ranges", "SampleReader", "Stalled", "TargetUnavailable",
     "VerifyResult", "bucket_index", "bucket_value", "chunk_count", "crc32c", "crc32c_hardware",
     "dio_alignment", "error_for", "fill_random", "io_uring_status", "new_ctl", "page_residency",
     "pattern_check",

@@ -1,4 +1,5 @@
-"""Sample files: whole-file reads as a training data loader's read thread does them."""
+"""Sample files: whole-file reads as a training data loader's read thread does them, or the
+ranges of a columnar file that hold the columns it wants."""
 
 from __future__ import annotations
 
@@ -9,6 +10,29 @@ from qual.engine._binding import BACKEND_CODE, BACKEND_NAME, BACKENDS, check, fi
 from qual.engine._binding import ffi, lib
 from qual.errors import InvalidJob
 from qual.engine.job import Fault
+
+class Ranges:
+    """Parts of a file to read, as the reader takes them: (offset, bytes) pairs widened to the
+    alignment (O_DIRECT reads whole logical blocks, as a direct reader of a parquet file must)
+    and merged where they touch. `nbytes`: what they cover."""
+
+    def __init__(self, ranges, align: int):
+        merged: list[list[int]] = []
+        for offset, nbytes in sorted(ranges):
+            lo, hi = offset // align * align, -(-(offset + nbytes) // align) * align
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            elif hi > lo:
+                merged.append([lo, hi])
+        self.c = ffi.new("struct qual_range[]", max(1, len(merged)))
+        for c, (lo, hi) in zip(self.c, merged):
+            c.offset, c.nbytes = lo, hi - lo
+        self._n = len(merged)
+        self.nbytes = sum(hi - lo for lo, hi in merged)
+
+    def __len__(self) -> int:
+        return self._n
+
 
 class SampleReader:
     """Whole-file reads for one data-loader thread (struct qual_reader): every byte of a file
@@ -36,10 +60,15 @@ class SampleReader:
         self.ctl = ctl if ctl is not None else new_ctl()
         self._bytes = ffi.new("uint64_t *")
 
-    def read(self, path: str) -> int:
-        """Read the whole file; returns its size in bytes."""
-        check(lib.qual_reader_read(self._r, os.fsencode(path), self.ctl, self._bytes),
-              op="read", target=path)
+    def read(self, path: str, ranges=None) -> int:
+        """Read the whole file, or only `ranges` of it (a Ranges: a columnar file's chunks of
+        the columns wanted); returns the bytes read."""
+        if ranges is None:
+            rc = lib.qual_reader_read(self._r, os.fsencode(path), self.ctl, self._bytes)
+        else:
+            rc = lib.qual_reader_read_ranges(self._r, os.fsencode(path), ranges.c, len(ranges),
+                                             self.ctl, self._bytes)
+        check(rc, op="read", target=path)
         return int(self._bytes[0])
 
     def close(self) -> None:

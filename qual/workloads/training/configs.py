@@ -24,23 +24,57 @@ class Workload:
     au_floor: float | None    # MLPerf's minimum accelerator utilisation (None: not set)
     source: str
     format: str               # the YAML's dataset.format (qual reads the bytes, parses nothing)
+    columns: str = ""         # a columnar file's columns, one dtype code each (COLUMN_BYTES)
+    read_columns: tuple[int, ...] = ()  # the columns a loader reads (parquet `read: true`)
+    row_group: int = 0        # rows per row group (parquet row_group_size)
 
     @property
     def file_bytes(self) -> int:
         return self.samples_per_file * self.record_length
 
+    @property
+    def sample_read_bytes(self) -> int:
+        """Bytes of a sample the loader reads: all of it, or its read columns' bytes."""
+        if not self.read_columns:
+            return self.record_length
+        return sum(COLUMN_BYTES[self.columns[c]] for c in self.read_columns)
+
     def demand(self) -> float:
         """Bytes per second one accelerator consumes at 100 % AU."""
-        return self.batch * self.record_length / self.computation_time if self.computation_time \
-            else math.inf
+        return self.batch * self.sample_read_bytes / self.computation_time \
+            if self.computation_time else math.inf
+
+    def column_ranges(self) -> list[tuple[int, int]]:
+        """A columnar file's (offset, bytes) of every read column's chunk in every row group:
+        row groups of `row_group` rows one after another, each holding its columns' chunks in
+        order (a chunk is rows x the column's dtype). Empty for a file read whole."""
+        if not self.read_columns:
+            return []
+        sizes = [COLUMN_BYTES[c] for c in self.columns]
+        before = [sum(sizes[:c]) for c in range(len(sizes))]
+        out, at = [], 0
+        for first in range(0, self.samples_per_file, self.row_group):
+            rows = min(self.row_group, self.samples_per_file - first)
+            out += [(at + rows * before[c], rows * sizes[c]) for c in self.read_columns]
+            at += rows * self.record_length
+        return out
 
     def scaled(self, *, files: int | None = None, record_scale: float = 1.0, **kw) -> Workload:
         """A smaller (or changed) copy for small targets: record length and its spread scale
-        together; the sample count per file, threads and compute stay as published."""
+        together (a columnar file's rows instead: its columns are its dtypes); the sample count
+        per file, threads and compute stay as published."""
+        if self.read_columns:
+            rows = max(1, round(self.samples_per_file * record_scale))
+            return replace(self, files=files or self.files, samples_per_file=rows,
+                           row_group=min(self.row_group, rows),
+                           **{k: v for k, v in kw.items() if v is not None})
         return replace(self, files=files or self.files,
                        record_length=max(1, round(self.record_length * record_scale)),
                        record_stdev=round(self.record_stdev * record_scale),
                        **{k: v for k, v in kw.items() if v is not None})
+
+
+COLUMN_BYTES = {"b": 1, "h": 2, "f": 4, "d": 8}  # int8, float16, float32, float64
 
 
 _UNET3D = dict(files=168, samples_per_file=1, record_length=146_600_628,
@@ -61,6 +95,17 @@ _FLUX_PARQUET = dict(files=4296, samples_per_file=288, record_length=2_164_832, 
 _DLRM = dict(files=65_536, samples_per_file=1, record_length=512, record_stdev=0, batch=8192,
              read_threads=8, epochs=1, format="npz")
 _V3 = "mlcommons/storage configs/dlio/workload/{}.yaml at {} (MLPerf Storage v3.0)"
+# DLRM b200/mi355: parquet files of 4,718,592 rows of 761 B in row groups of 6,144, 200 columns
+# (feature_000..199, dtypes below: 761 B in all), of which the loader reads 40 (160 B a row)
+_DLRM_PARQUET = dict(
+    files=1024, samples_per_file=4_718_592, record_length=761, record_stdev=0, batch=16384,
+    read_threads=4, epochs=1, format="parquet", row_group=6144,
+    columns="hhddfhfbhbffdfbhfffhddddhffhhfdfdfhhdbbbhfhfdbdddffbbfffbfhfdhdbfhbfhfhfhffdhbfd"
+            "bbffhbhbfbffhfddfhbhhdhfdhhfdfddbhhbbdfbhhbbbhbbfbhfdhhdhfddhfbbdfdfddbbbddffbfh"
+            "fhfhdhdhfbdhbdbbbbhhbdddhdbbhfdbdfdffddh",
+    read_columns=(11, 17, 18, 20, 25, 31, 41, 43, 49, 53, 58, 59, 67, 68, 71, 74, 75, 88, 90,
+                  91, 92, 93, 94, 96, 97, 116, 117, 137, 141, 147, 154, 155, 158, 160, 162,
+                  169, 180, 186, 189, 195))
 
 WORKLOADS = {w.name: w for w in (
     Workload("unet3d-h100", **_UNET3D, batch=7, computation_time=0.323, au_floor=0.90,
@@ -106,6 +151,11 @@ WORKLOADS = {w.name: w for w in (
              au_floor=0.70, source=_V3.format("dlrm_parquet_a100", "2707667c")),
     Workload("dlrm-parquet-h100", **{**_DLRM, "format": "parquet"}, computation_time=0.005,
              au_floor=0.70, source=_V3.format("dlrm_parquet_h100", "2707667c")),
+    # b200 and mi355: one parquet layout (_DLRM_PARQUET), column-selective row-group reads
+    Workload("dlrm-b200", **_DLRM_PARQUET, computation_time=0.000375, au_floor=0.70,
+             source=_V3.format("dlrm_b200", "0b42eb50")),
+    Workload("dlrm-mi355", **_DLRM_PARQUET, computation_time=0.0005625, au_floor=0.70,
+             source=_V3.format("dlrm_mi355", "11460d00")),
     # seed 001: 20,480 files (~3 TB), 32 samples per accelerator load at V100's 1.3604 s: a
     # demand of 3.45 GB/s per accelerator, the seed's "theoretical ceiling 3,400 MB/s"
     Workload("unet3d-seed001", **{**_UNET3D, "files": 20_480}, batch=32, computation_time=1.3604,

@@ -81,7 +81,8 @@ def _folder(target: Target, w: Workload) -> Path:
 
 
 def _identity(w: Workload, seed: int) -> dict:
-    return {"format": FORMAT, "workload": asdict(w), "seed": seed}
+    """What a dataset's manifest must say to be reused, as JSON reads it back (lists)."""
+    return json.loads(json.dumps({"format": FORMAT, "workload": asdict(w), "seed": seed}))
 
 
 def prepare(target: Target, w: Workload, *, seed: int = 0, progress=None) -> Dataset:

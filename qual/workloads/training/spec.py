@@ -132,7 +132,14 @@ def explain(table: dict, memory: int) -> tuple[dict, list[str]]:
              f"  reader: batch {p.batch:,}, {p.read_threads} read threads; compute "
              f"{p.computation_time:g} s a step; {p.epochs} epoch(s); AU floor {floor}",
              f"  one accelerator at 100 % AU reads batch x record / compute = {p.batch:,} x "
-             f"{p.record_length:,} B / {p.computation_time:g} s = {p.demand() / 1e6:,.1f} MB/s"]
+             f"{p.sample_read_bytes:,} B / {p.computation_time:g} s = {p.demand() / 1e6:,.1f} MB/s"]
+    if p.read_columns:
+        lines.insert(2, f"  columnar: {len(p.columns)} columns, row groups of {p.row_group:,} "
+                        f"rows; the loader reads {len(p.read_columns)} columns, "
+                        f"{p.sample_read_bytes:,} of a row's {p.record_length:,} B, as each "
+                        "column's chunk of each row group")
+        doc["columns"] = {"count": len(p.columns), "read": list(p.read_columns),
+                          "row_group": p.row_group, "sample_read_bytes": p.sample_read_bytes}
     if (w.files, w.record_length, w.batch, w.computation_time) != \
             (p.files, p.record_length, p.batch, p.computation_time):
         lines.append(f"  this table: {w.files:,} files of {w.file_bytes:,} B, batch {w.batch:,}, "

@@ -44,6 +44,19 @@ class _NoStorage:
         pass
 
 
+class _Columns:
+    """A read thread's reader of whole files, or of a columnar file's ranges."""
+
+    def __init__(self, reader: engine.SampleReader, ranges: engine.Ranges | None):
+        self.reader, self.ranges, self.backend = reader, ranges, reader.backend
+
+    def read(self, path: str) -> int:
+        return self.reader.read(path, self.ranges)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 def _sweep_point(data: dataset.Dataset, table: dict, target: Target, n: int, epochs: int,
                  seed: int, *, faults=(), calibration: bool = False, progress=None) -> dict:
     """One run: `epochs` epochs with n accelerators (calibration: one epoch, no storage)."""
@@ -52,17 +65,19 @@ def _sweep_point(data: dataset.Dataset, table: dict, target: Target, n: int, epo
     paths = [data.path(i) for i in range(data.files)]
     ctl = engine.new_ctl()
     align = target.align
+    # a columnar file's loader reads only its columns' chunks (the same in every file)
+    ranges = engine.Ranges(w.column_ranges(), align) if w.read_columns else None
     if calibration:
-        sizes = dict(zip(paths, data.sizes))
+        sizes = {p: ranges.nbytes if ranges else size for p, size in zip(paths, data.sizes)}
 
         def open_reader():
             return _NoStorage(sizes)
     else:
         def open_reader():
-            return engine.SampleReader(block_size=table["block_size"],
-                                       queue_depth=table["queue_depth"], align=align,
-                                       direct=table["direct"], backend=table["backend"],
-                                       faults=tuple(faults), ctl=ctl)
+            return _Columns(engine.SampleReader(
+                block_size=table["block_size"], queue_depth=table["queue_depth"], align=align,
+                direct=table["direct"], backend=table["backend"], faults=tuple(faults),
+                ctl=ctl), ranges)
 
     probe = open_reader()
     backend = "none" if calibration else probe.backend
