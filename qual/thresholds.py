@@ -499,6 +499,8 @@ def _complete(fields: tuple[Field, ...], table: dict, label, prefix, problems) -
             problems.append((label, f"{prefix}.{f.name}", f"missing ({f.help or f.kind})"))
         elif f.default is not None:
             table[f.name] = _parse_value(f, f.default, label, f"{prefix}.{f.name}", problems)
+            if f.kind == "table":  # a table given by default: its own fields' defaults too
+                _complete(f.fields, table[f.name], label, f"{prefix}.{f.name}", problems)
 
 
 def _parse_criterion(family: Family, raw, label, where, problems) -> Criterion | None:

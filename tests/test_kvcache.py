@@ -1,22 +1,27 @@
 """The KV-cache family (MLPerf Storage v3.0's KV-cache workload): the model table's bytes per
 token as the reference gives them, a fixed-user run whose drive bytes match the device's own
-counters, the host-memory tier in front of the drive, and refusals before any I/O."""
+counters, the host-memory tier in front of the drive, a duration-bound run whose users start
+new conversations in the room of their last, the qos and capacity searches, a block-device
+store behind the guard, a profile judging the search's answer, and refusals before any I/O."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from qual.errors import TargetUnavailable
+from qual.target.guard import UnsafeTarget
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table
 from qual.workloads import kvcache
-from qual.workloads.kvcache.spec import MODELS
+from qual.workloads.kvcache.spec import MODELS, conversation_bytes
+from qual.workloads.kvcache.workload import holds, search_capacity, search_qos
 
-from testbed import needs_root
+from testbed import needs_root, sha256_of
 
 
 def table(**given):
@@ -83,3 +88,135 @@ def test_a_store_too_small_is_refused_with_its_arithmetic():
         table(users=64, context_tokens=[512, 1024], store_size="1 GiB")
     assert any(k.endswith("store_size") and "cannot hold the run's KV entries" in p
                for _, k, p in e.value.problems)
+
+
+def test_a_duration_bound_run_starts_new_conversations_in_the_room_of_the_last(tmp_path):
+    """Users keep talking for the duration: a user whose conversation ended starts its next
+    one, whose entries take the ended one's place in the user's region of the store (a store
+    of users x one conversation holds the whole run)."""
+    t = table(duration="1 s", store_size=0, cpu_mem=0)
+    r = kvcache.run(Target(tmp_path), t, seed=5).result
+    convs = {(q["user"], q["conversation"]) for q in r["requests"]}
+    assert max(c for _, c in convs) >= 2  # every user went past its first conversation
+    assert len(r["requests"]) > 4 * 3 and r["wall_s"] >= 1.0
+    assert r["written"] > 4 * conversation_bytes(t)  # more than the store: its room reused
+    # each request read back its own conversation's turns so far, not an ended one's
+    assert r["hits"]["drive"] == sum(q["turn"] + 1 for q in r["requests"])
+    # host memory for one conversation a user: an ended one leaves it, nothing goes down
+    r = kvcache.run(Target(tmp_path), {**t, "cpu_mem": 4 * conversation_bytes(t)}).result
+    assert r["written"] == r["read"] == r["hits"]["drive"] == 0
+    assert max(q["conversation"] for q in r["requests"]) >= 2
+    kvcache.FAMILY.remove(Target(tmp_path))
+
+
+@pytest.mark.parametrize("limit, start, step, most, want", [
+    (37, 8, 4, 256, (36, 40)),     # grows 8, 16, 32, 64; then halves 32..64 to one step
+    (37, 1, 1, 256, (37, 38)),
+    (3, 8, 1, 256, (3, 4)),        # the first fails: the search goes below it
+    (0, 8, 2, 256, (0, 2)),        # nothing holds, not even one step
+    (10 ** 6, 8, 8, 100, (96, None)),  # everything up to max_users (on the step's grid) holds
+])
+def test_the_qos_search_ends_between_a_count_that_held_and_one_step_more_that_did_not(
+        limit, start, step, most, want):
+    tried = []
+
+    def held(users):
+        tried.append(users)
+        return users <= limit
+    assert search_qos(held, start, step, most) == want
+    lo, hi = want
+    assert (not lo or lo in tried) and (hi is None or hi in tried)  # both answers were run
+    assert len(tried) == len(set(tried)) <= 2 * 8 + 1  # no count twice, log2 many
+
+
+def test_the_capacity_search_stops_where_doubling_users_no_longer_adds_throughput():
+    curve = {2: 100.0, 4: 190.0, 8: 350.0, 16: 360.0, 32: 340.0}
+    tried = []
+
+    def throughput(users):
+        tried.append(users)
+        return curve[users]
+    assert search_capacity(throughput, 2, 32) == 16  # 8 -> 16 grew under 5 %: the top
+    assert tried == [2, 4, 8, 16]
+    assert search_capacity(lambda n: 100.0 / n, 2, 32) == 2
+
+
+@needs_root
+def test_a_qos_search_on_a_drive_answers_with_a_run_that_held_and_one_that_did_not(
+        tmp_path, loop_device):
+    """The search's answer ran and held every class's targets; the count one step above it
+    ran and did not: both runs are in the trials, as the judge's context shows them."""
+    folder = loop_device.mount(loop_device(768 << 20), options="noatime")
+    t = table(mode="qos", users=2, search_step=2, max_users=64, store_size=0,
+              classes=["interactive"], qos={"interactive_p95": "30 ms", "interactive_p99": "30 ms"})
+    outcome = kvcache.run(Target(folder), t, seed=2)
+    r = outcome.result
+    trials = {x["users"]: x for x in r["trials"]}
+    assert r["failed_at"] is not None, "64 users held 30 ms: the test's drive is too fast"
+    assert r["failed_at"] == r["max_users"] + 2 and not trials[r["failed_at"]]["held"]
+    if r["max_users"]:
+        assert trials[r["max_users"]]["held"] and holds(r, t) and r["users"] == r["max_users"]
+    found = {m.id: m for m in outcome.measurements()}
+    assert found["kv_max_users"].value == r["max_users"]
+    assert found["kv_max_users"].context["failed_at"] == r["failed_at"]
+    assert r["read_truth"]["device_truth"] == "counted"  # the answer's run, device-checked
+    kvcache.FAMILY.remove(Target(folder))
+
+
+@needs_root
+def test_a_block_device_store_is_refused_without_consent_and_counted_with_it(loop_device):
+    """On a block device the store is its first bytes: nothing is written until the guard
+    passes (the device's bytes unchanged after a refusal), and a run with consent moves what
+    the device counts."""
+    dev = loop_device(256 << 20)
+    before = sha256_of(dev)
+    with pytest.raises(UnsafeTarget):
+        kvcache.run(Target(dev), table(store_size=0))
+    assert sha256_of(dev) == before
+    target = Target(dev, allow_destructive=True, confirm_serial=Target(dev).identity.serial)
+    try:
+        r = kvcache.run(target, table(store_size=0)).result
+    finally:
+        target.unlock()
+    assert r["store"] == dev and r["written"] > 0 and r["read"] > 0
+    assert abs(r["device"]["write_bytes"] - r["written"]) <= 0.02 * r["written"]
+    assert abs(r["device"]["read_bytes"] - r["read"]) <= 0.02 * r["read"]
+
+
+PROFILE = """
+[profile]
+description = "a drive must serve {least} users of the batch class"
+
+[kvcache]
+mode = "qos"
+users = 2
+max_users = 4
+requests = 2
+context_tokens = [16, 32]
+turn_tokens = 16
+generation_tokens = 8
+block_size = "256 KiB"
+classes = ["batch"]
+qos = {{ batch_p95 = "60 s", batch_p99 = "60 s" }}
+
+[[kvcache.criteria]]
+metric = "kv_max_users"
+min = {least}
+unit = "count"
+source = "the test's"
+severity = "critical"
+"""
+
+
+@pytest.mark.parametrize("least, status", [(4, 0), (5, 1)])
+def test_a_profile_judges_the_most_users_at_the_class_target(tmp_path, least, status):
+    profile = tmp_path / "kv.toml"
+    profile.write_text(PROFILE.format(least=least))
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "kvcache", "--target",
+                           str(tmp_path), "--profile", str(profile), "--json", "-q"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["max_users"] == 4 and doc["failed_at"] is None  # 60 s holds everywhere
+    assert [v["passed"] for v in doc["verdicts"]] == [status == 0]
+    assert not (Path(tmp_path) / "qual-kvcache").exists()

@@ -1,9 +1,12 @@
 """KV-cache offload (MLPerf Storage v3.0's KV-cache benchmark, with the drive's own evidence):
 users' conversations whose attention KV entries an inference server keeps in host memory and
 on the drive; prefill writes, decode reads back, each request timed, every byte the drive moved
-checked against its counters."""
+checked against its counters. The store is a file in a folder of qual's, or the first bytes of
+a block device that passes the guard."""
 
 from __future__ import annotations
+
+import math
 
 from qual.family import Family, Flags, Rates, Work
 from qual.target import Target
@@ -36,19 +39,24 @@ def explain(table: dict) -> tuple[dict, list[str]]:
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
-    """The suite's tests share one run: at most every entry written once and every turn's
-    decode reading its conversation so far back (where host memory holds none of it)."""
+    """The suite's tests share one run: a request-bound one writes every entry once and each
+    turn's decode reads its conversation so far back (where host memory holds none of it); a
+    duration-bound one lasts its duration; a search runs one trial per user count it tries
+    (doubling up to max_users, then halving the gap: at most twice log2 of the range)."""
     if test not in RUN_TESTS:
         return []
+    users = table["users"] if table["mode"] == "fixed" else table["max_users"]
     first, later = turn_entries(table)
-    read = table["users"] * sum(first + t * later for t in range(table["requests"]))
-    written = drive_bytes(table)
-    return [Work("kvcache run", written / rates.write_bw + read / rates.read_bw,
-                 bytes_written=written, bytes_read=read, space=written, repeated=True,
-                 what=f"the KV store ({table['users']} users, {table['model']})")]
+    read = users * sum(first + t * later for t in range(table["requests"]))
+    written = drive_bytes(table, users)
+    seconds = table["duration"] or written / rates.write_bw + read / rates.read_bw
+    if table["mode"] != "fixed":
+        seconds *= 2 * max(1, math.ceil(math.log2(table["max_users"] / table["users"]))) + 1
+    return [Work("kvcache run", seconds, bytes_written=written, bytes_read=read, space=written,
+                 repeated=True, what=f"the KV store ({users} users, {table['model']})")]
 
 
 FAMILY = Family(name=NAME, description="MLPerf Storage v3.0 KV-cache offload: prefill writes, "
                 "decode reads, per request, with device truth", fields=FIELDS, metrics=METRICS,
                 check=check_table, cells=cells, run=run, remove=workload.remove,
-                plan=_plan, filesystem=True, flags=Flags(explain=explain))
+                plan=_plan, flags=Flags(explain=explain))

@@ -18,7 +18,7 @@ def _pct(values: list[float], pct: float) -> float:
 # the suite records these apart: the drive's figures, and what the users saw
 SECTIONS = {"storage": ("kv_storage_lat", "kv_decode_bytes_read", "kv_hit_rate"),
             "service": ("kv_e2e_lat", "kv_queue_wait", "kv_tokens_per_s",
-                        "kv_storage_tokens_per_s")}
+                        "kv_storage_tokens_per_s", "kv_max_users", "kv_peak_users")}
 
 
 class KvCacheOutcome(Outcome):
@@ -63,11 +63,20 @@ class KvCacheOutcome(Outcome):
         total = sum(r["hits"].values())
         out += [measure(NAME, METRICS["kv_hit_rate"], {"tier": tier}, n / total, context=ctx)
                 for tier, n in r["hits"].items() if total]
+        if r["mode"] != "fixed":  # the search's answer, with every trial it ran
+            found = {**ctx, "trials": r["trials"], "users_of_figures_above": r["users"]}
+            if r["mode"] == "qos":
+                out.append(measure(NAME, METRICS["kv_max_users"], {}, r["max_users"],
+                                   context={**found, "failed_at": r["failed_at"],
+                                            "targets": r["qos"]}))
+            else:
+                out.append(measure(NAME, METRICS["kv_peak_users"], {}, r["peak_users"],
+                                   context=found))
         return out
 
     def document(self) -> dict:
         r = self.result
-        return {k: r[k] for k in ("model", "bytes_per_token", "backend", "wall_s", "storage_s",
-                                  "written", "read", "hits", "tokens", "device")} | {
-            "requests": len(r["requests"]),
-            "tokens_per_s": r["tokens"] / r["wall_s"]}
+        keys = ("mode", "model", "bytes_per_token", "backend", "users", "wall_s", "storage_s",
+                "written", "read", "hits", "tokens", "tokens_per_s", "storage_tokens_per_s",
+                "e2e", "qos", "device", "max_users", "failed_at", "peak_users", "trials")
+        return {k: r[k] for k in keys if k in r} | {"requests": len(r["requests"])}

@@ -58,6 +58,7 @@ MODELS = {m.name: m for m in (
 
 # the reference's QoS classes: end-to-end latency targets (seconds) at p95 and p99
 QOS = {"interactive": (0.050, 0.100), "responsive": (0.100, 0.200), "batch": (1.0, 5.0)}
+MODES = ("fixed", "qos", "capacity")
 _PCT, _OP, _CLASS, _TIER = (Param("pct", "number"), Param("op", "name"), Param("class", "name"),
                             Param("tier", "name"))
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -77,11 +78,29 @@ METRICS = {m.name: m for m in (
            "bytes decode read back from the drive, proven by its counters"),
     Metric("kv_hit_rate", "ratio", "higher", (_TIER,),
            "decode reads a tier served, of all decode reads"),
+    Metric("kv_max_users", "count", "higher", (),
+           "qos mode: the most users whose run held every class's p95 and p99 targets (the "
+           "search's next step did not)"),
+    Metric("kv_peak_users", "count", "higher", (),
+           "capacity mode: the users at the peak storage throughput"),
 )}
 
 FIELDS = (
     Field("model", "choice", default="llama3.1-8b", choices=tuple(MODELS)),
-    Field("users", "count", default=8, maximum=4096, help="concurrent users"),
+    Field("mode", "choice", default="fixed", choices=MODES,
+          help="fixed: `users` users; qos: the most users whose every class holds its targets, "
+               "searched from `users` up to `max_users` in steps of `search_step`; capacity: "
+               "the users at the peak storage throughput, doubling from `users`"),
+    Field("users", "count", default=8, maximum=4096,
+          help="concurrent users (qos and capacity: where the search starts)"),
+    Field("max_users", "count", default=1024, maximum=4096,
+          help="qos and capacity: the most users a search tries"),
+    Field("search_step", "count", default=1, maximum=4096,
+          help="qos: the search's resolution: the answer holds its targets, this many more "
+               "users did not"),
+    Field("duration", "duration", default="0 s", minimum=0,
+          help="how long users keep talking, each starting a new conversation when one ends "
+               "(0: each user's `requests` turns, once)"),
     Field("requests", "count", default=4, help="requests per user (turns of its conversation)"),
     Field("context_tokens", "counts", default=[256, 1024],
           help="the first turn's context, drawn between the two (lowest, highest)"),
@@ -91,6 +110,11 @@ FIELDS = (
           help="a user's pause between its requests"),
     Field("classes", "choices", default=list(QOS), choices=tuple(QOS),
           help="the QoS classes users are drawn from, in turn"),
+    Field("qos", "table", fields=tuple(
+        Field(f"{c}_p{p}", "duration", default=f"{t * 1000:g} ms",
+              help=f"the {c} class's end-to-end latency target at p{p}")
+        for c, targets in QOS.items() for p, t in zip((95, 99), targets)), default={},
+          help="each class's end-to-end latency targets (the reference's by default)"),
     Field("cpu_mem", "size", default=0, minimum=0,
           help="the CPU tier: KV entries kept in host memory (LRU, evicting to the drive)"),
     Field("gpu_mem", "size", default=0, minimum=0,
@@ -111,8 +135,14 @@ def check_table(table: dict) -> list[tuple[str, str]]:
         problems.append(("context_tokens", "needs two counts, the lowest first"))
     if table["block_size"] % 4096:
         problems.append(("block_size", "is not a multiple of 4 KiB"))
+    most = table["max_users"]
+    if table["mode"] != "fixed" and table["users"] > most:
+        problems.append(("users", f"a search starts at {table['users']} users, above max_users "
+                         f"{most}"))
+    if table["mode"] == "qos" and table["search_step"] > most:
+        problems.append(("search_step", f"{table['search_step']} is above max_users {most}"))
     if not problems and table["store_size"]:
-        need = drive_bytes(table)
+        need = drive_bytes(table, most if table["mode"] != "fixed" else None)
         if need > table["store_size"]:
             problems.append(("store_size", f"{table['store_size']:,} B cannot hold the run's KV "
                              f"entries ({need:,} B at most, every entry on the drive): raise "
@@ -128,6 +158,12 @@ def entry_bytes(tokens: int, bytes_per_token: int) -> int:
     return -(-tokens * bytes_per_token // ALIGN) * ALIGN
 
 
+def targets(table: dict) -> dict[str, tuple[float, float]]:
+    """Each class's (p95, p99) end-to-end latency targets, seconds, as the table sets them."""
+    q = table["qos"]
+    return {c: (q[f"{c}_p95"], q[f"{c}_p99"]) for c in table["classes"]}
+
+
 def turn_entries(table: dict) -> tuple[int, int]:
     """The bytes of a conversation's largest first-turn entry and of each later turn's."""
     bpt = MODELS[table["model"]].bytes_per_token
@@ -135,11 +171,16 @@ def turn_entries(table: dict) -> tuple[int, int]:
             entry_bytes(table["turn_tokens"] + table["generation_tokens"], bpt))
 
 
-def drive_bytes(table: dict) -> int:
-    """The most the drive tier holds at once: every entry of every conversation, as where
-    host memory holds none."""
+def conversation_bytes(table: dict) -> int:
+    """The drive room one user's conversation takes at most: its region of the store."""
     first, later = turn_entries(table)
-    return table["users"] * (first + (table["requests"] - 1) * later)
+    return first + (table["requests"] - 1) * later
+
+
+def drive_bytes(table: dict, users: int | None = None) -> int:
+    """The most the drive tier holds at once: every entry of every user's conversation, as
+    where host memory holds none (a conversation that ends gives its room to the next)."""
+    return (users or table["users"]) * conversation_bytes(table)
 
 
 def cells(table: dict) -> list[str]:
@@ -147,4 +188,5 @@ def cells(table: dict) -> list[str]:
            for op in ("write", "read") for p in PERCENTILES]
     out += [measurement_id(METRICS["kv_e2e_lat"], {"class": c, "pct": p})
             for c in table["classes"] for p in PERCENTILES[1:]]
-    return out + ["kv_tokens_per_s", "kv_storage_tokens_per_s", "kv_decode_bytes_read"]
+    out += ["kv_tokens_per_s", "kv_storage_tokens_per_s", "kv_decode_bytes_read"]
+    return out + {"qos": ["kv_max_users"], "capacity": ["kv_peak_users"]}.get(table["mode"], [])

@@ -1,6 +1,7 @@
 """A KV-cache run: users in QoS classes hold conversations with an inference server that keeps
 each turn's attention keys and values (one KV entry) in its fastest tier with room — host
-memory (`cpu_mem`, LRU), then the drive (a store qual lays out on the target) — evicting the
+memory (`cpu_mem`, LRU), then the drive (a store qual lays out on the target: a file in a
+folder of its own, or a block device's first bytes past the guard) — evicting the
 least recently used entries down a tier ("waterfall"). The server serves every request that
 has arrived as one batch, as continuous batching does: prefill writes the batch's new entries,
 decode reads back every entry of each conversation that host memory does not hold. Entries
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qual import engine, honesty
-from qual.errors import InvalidJob, TargetUnavailable
+from qual.errors import TargetUnavailable
 from qual.target import Target
 from qual.target.scratch import fsync_dir, own_folder, remove_made
-from qual.workloads.kvcache.spec import MODELS, QOS, drive_bytes, entry_bytes
+from qual.workloads.kvcache.spec import (MODELS, conversation_bytes, drive_bytes,
+                                         entry_bytes, targets, turn_entries)
 
 FOLDER = "qual-kvcache"
 MANIFEST = "manifest.json"
@@ -31,10 +33,11 @@ MANIFEST = "manifest.json"
 @dataclass
 class Request:
     user: int
+    conversation: int  # the user's how-manyth conversation (a duration-bound run starts more)
     turn: int
     qos: str
-    arrival: float
     new_tokens: int
+    arrival: float = 0.0
     started: float = 0.0
     done: float = 0.0
     write_s: float | None = None   # its entries' storage time on the drive (None: none there)
@@ -43,14 +46,17 @@ class Request:
 
 @dataclass
 class Tiers:
-    """Where each entry is: host memory (LRU, `cpu_mem` bytes) or the drive (its offset)."""
+    """Where each entry is: host memory (LRU, `cpu_mem` bytes) or the drive. Every user owns a
+    region of the store, one conversation long, and each turn's entry its place in it: a
+    conversation that ends gives its region to the user's next one."""
 
     cpu_mem: int
+    region: int          # bytes of one user's region
+    first: int           # bytes of a first turn's entry, at most
+    later: int           # bytes of each later turn's
     cpu: OrderedDict = field(default_factory=OrderedDict)  # key -> bytes
     cpu_used: int = 0
     drive: dict = field(default_factory=dict)  # key -> (offset, bytes)
-    next_offset: int = 0
-    store_size: int = 0
 
     def place(self, key, size: int) -> list:
         """A new entry: into host memory when it fits there (evicting the least recently used
@@ -68,133 +74,242 @@ class Tiers:
         return to_drive
 
     def offset_for(self, key, size: int) -> int:
-        if self.next_offset + size > self.store_size:
-            raise InvalidJob(28, f"the store's {self.store_size} bytes cannot hold another "
-                             f"{size}-byte entry: raise store_size, or lower users, requests "
-                             "or context_tokens")
-        self.drive[key] = (self.next_offset, size)
-        self.next_offset += size
-        return self.drive[key][0]
+        user, _, turn = key
+        offset = user * self.region + (self.first + (turn - 1) * self.later if turn else 0)
+        self.drive[key] = (offset, size)
+        return offset
+
+    def forget(self, user: int, conversation: int, turns: int) -> None:
+        """A conversation that ended: its entries leave every tier."""
+        for turn in range(turns):
+            key = (user, conversation, turn)
+            self.drive.pop(key, None)
+            size = self.cpu.pop(key, None)
+            if size is not None:
+                self.cpu_used -= size
 
 
-def _requests(table: dict, rng: np.random.Generator) -> list[list[Request]]:
+def _conversation(table: dict, seed: int, user: int, conversation: int) -> list[Request]:
+    """One conversation's requests, the same for the same seed whatever else runs."""
     lo, hi = table["context_tokens"]
+    rng = np.random.default_rng([seed, user, conversation])
     classes = table["classes"]
-    out = []
-    for u in range(table["users"]):
-        first = int(rng.integers(lo, hi + 1))
-        out.append([Request(u, t, classes[u % len(classes)], 0.0,
-                            first if t == 0 else table["turn_tokens"] + table["generation_tokens"])
-                    for t in range(table["requests"])])
-    return out
+    first = int(rng.integers(lo, hi + 1))
+    later = table["turn_tokens"] + table["generation_tokens"]
+    return [Request(user, conversation, t, classes[user % len(classes)],
+                    first if t == 0 else later) for t in range(table["requests"])]
 
 
 def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
-    """Every user's conversation, batch by batch; returns the run's result document."""
+    """The mode's runs: one of `users` users (fixed), or a search over user counts (qos,
+    capacity); returns the chosen run's result document, with the search's trials."""
     if table["gpu_mem"]:
         raise TargetUnavailable(19, "a GPU tier needs CUDA, and this host has none: gpu_mem "
                                 "must be 0", target=target.spec)
-    if target.directory is None:
-        raise TargetUnavailable(95, "the KV store is laid out in a directory (a block-device "
-                                "store is not built yet)", target=target.spec)
-    model = MODELS[table["model"]]
-    rng = np.random.default_rng(seed)
-    convs = _requests(table, rng)
+    if target.kind == "block":  # the store is the device's first bytes: the guard first
+        most = table["max_users"] if table["mode"] != "fixed" else table["users"]
+        target.ensure_writable(table["store_size"] or drive_bytes(table, most))
+    runs: dict[int, dict] = {}
+
+    def trial(users: int) -> dict:
+        if progress and table["mode"] != "fixed":
+            progress(f"{table['mode']} search: {users} users")
+        runs[users] = _trial(target, {**table, "users": users}, seed, progress)
+        return runs[users]
+
+    if table["mode"] == "fixed":
+        return {**trial(table["users"]), "mode": "fixed"}
+    if table["mode"] == "qos":
+        held, failed = search_qos(lambda n: holds(trial(n), table), table["users"],
+                                  table["search_step"], table["max_users"])
+        chosen = {"max_users": held, "failed_at": failed}
+        result = runs[held or failed]
+    else:
+        peak = search_capacity(lambda n: trial(n)["storage_tokens_per_s"], table["users"],
+                               table["max_users"])
+        chosen = {"peak_users": peak}
+        result = runs[peak]
+    trials = [{"users": n, "held": holds(r, table), "tokens_per_s": r["tokens_per_s"],
+               "storage_tokens_per_s": r["storage_tokens_per_s"], "e2e": r["e2e"]}
+              for n, r in sorted(runs.items())]
+    return {**result, "mode": table["mode"], **chosen, "trials": trials}
+
+
+def search_qos(held, start: int, step: int, most: int) -> tuple[int, int | None]:
+    """(the most users whose run held, the users one step above it whose run did not) on the
+    grid of `step`: from `start`, doubling while runs hold (up to `most`), then halving the gap
+    between the last that held and the first that did not until it is one step. (0, start):
+    not even the first held and none below it; (n, None): everything up to `most` held."""
+    lo, hi = 0, None
+    n = max(step, start - start % step)
+    top = most - most % step
+    while True:
+        if not held(n):
+            hi = n
+            break
+        lo = n
+        if n >= top:
+            return lo, None
+        n = min(top, 2 * n)
+    while hi - lo > step:
+        mid = lo + (hi - lo) // (2 * step) * step
+        if held(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+GROWTH = 1.05  # capacity: a doubling of users that adds less throughput than this is the top
+
+
+def search_capacity(throughput, start: int, most: int) -> int:
+    """The users at the peak storage throughput: from `start`, doubling (up to `most`) while
+    each doubling raises the throughput by GROWTH at least."""
+    best_n, best = start, throughput(start)
+    n = start
+    while n < most:
+        n = min(most, 2 * n)
+        got = throughput(n)
+        if got > best:
+            grew = got >= best * GROWTH
+            best_n, best = n, got
+            if grew:
+                continue
+        break
+    return best_n
+
+
+def holds(result: dict, table: dict) -> bool:
+    """Whether every class's p95 and p99 end-to-end latency held its targets."""
+    return all(result["e2e"][c][0] <= t95 and result["e2e"][c][1] <= t99
+               for c, (t95, t99) in targets(table).items() if c in result["e2e"])
+
+
+def _trial(target: Target, table: dict, seed: int, progress) -> dict:
+    """One run of table["users"] users in a store of its own, removed afterwards; on a block
+    device (past the guard) the store is the device's first bytes, and stays."""
+    if target.kind == "block":
+        return _serve(target, table, str(target.path), seed, progress)
     folder = own_folder(target.directory / FOLDER) / f"run-{os.getpid()}"
     folder.mkdir()
     (folder / MANIFEST).write_text(json.dumps({"created_by": "qual"}))
     try:
-        return _serve(target, table, folder, convs, model, seed, progress)
+        store = folder / "store.bin"
+        with open(store, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, table["store_size"] or drive_bytes(table))
+        fsync_dir(folder)
+        return _serve(target, table, str(store), seed, progress)
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # the run's own store: made above, by it
 
 
-def _serve(target: Target, table: dict, folder, convs, model, seed: int, progress) -> dict:
+def _serve(target: Target, table: dict, store: str, seed: int, progress) -> dict:
+    """One run through the engine's KV store at `store`, its bytes checked against the
+    device's counters (device truth: a read the page cache served is an error)."""
+    before = target.device_stat()
+    with engine.KvStore(store, block_size=table["block_size"],
+                        queue_depth=table["queue_depth"], backend=table["backend"]) as kv:
+        r = serve(table, kv, seed=seed, progress=progress)
+    seen = honesty.between(before, target.device_stat())
+    return {**r, "store": store, "device": seen,
+            "write_truth": honesty.check_device(seen, "write_bytes", r["written"], "KV entries "
+                                                "written", store) if r["written"] else {},
+            "read_truth": honesty.check_device(seen, "read_bytes", r["read"], "KV entries read "
+                                               "back", store) if r["read"] else {}}
+
+
+def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
+    """The server's loop over a store `kv` (write(entries) and read(entries) of (offset,
+    buffer) pairs, each returning bytes, elapsed, latencies and sync_s; its backend): the
+    engine's KvStore, or a peer a benchmark measures against it with the same requests."""
+    model = MODELS[table["model"]]
     bpt = model.bytes_per_token
-    store = folder / "store.bin"
-    size = table["store_size"] or drive_bytes(table)
-    with open(store, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, size)
-    fsync_dir(folder)
-    tiers = Tiers(table["cpu_mem"], store_size=size)
-    biggest = max(r.new_tokens for c in convs for r in c)
-    pool = engine.aligned_empty(entry_bytes(biggest, bpt))
+    users, duration = table["users"], table["duration"]
+    first, later = turn_entries(table)
+    tiers = Tiers(table["cpu_mem"], region=conversation_bytes(table), first=first, later=later)
+    pool = engine.aligned_empty(max(first, later))
     engine.fill_random(pool, seed)
     sink = engine.aligned_empty(len(pool))
-    device_before = target.device_stat()
+    convs = [_conversation(table, seed, u, 0) for u in range(users)]
+    next_turn = [0] * users
+    ready_at = [0.0] * users
     written = read = 0
     storage_s = 0.0
     hits = {"cpu": 0, "drive": 0}
-    next_turn = [0] * len(convs)
-    ready_at = [0.0] * len(convs)
     served: list[Request] = []
+    total = users * table["requests"]  # a request-bound run's, for progress
     t0 = time.monotonic()
-    with engine.KvStore(str(store), block_size=table["block_size"],
-                        queue_depth=table["queue_depth"], backend=table["backend"]) as kv:
-        while any(t < len(c) for t, c in zip(next_turn, convs)):
+    while True:
+        now = time.monotonic() - t0
+        waiting = [u for u in range(users) if next_turn[u] < len(convs[u])]
+        if not waiting or (duration and now >= duration):
+            break
+        soonest = min(ready_at[u] for u in waiting)
+        if soonest > now:
+            time.sleep(soonest - now)
             now = time.monotonic() - t0
-            waiting = [u for u, t in enumerate(next_turn) if t < len(convs[u])]
-            first = min(ready_at[u] for u in waiting)
-            if first > now:
-                time.sleep(first - now)
-                now = time.monotonic() - t0
-            batch = [convs[u][next_turn[u]] for u in waiting if ready_at[u] <= now]
-            for r in batch:
-                r.arrival, r.started = ready_at[r.user], now
-            # prefill: each request's new entry, placed in the fastest tier with room
-            writes, owner = [], []
-            for r in batch:
-                size = entry_bytes(r.new_tokens, bpt)
-                for key, nbytes in tiers.place((r.user, r.turn), size):
-                    writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
+        batch = [convs[u][next_turn[u]] for u in waiting if ready_at[u] <= now]
+        for r in batch:
+            r.arrival, r.started = ready_at[r.user], now
+        # prefill: each request's new entry, placed in the fastest tier with room
+        writes, owner = [], []
+        for r in batch:
+            for key, nbytes in tiers.place((r.user, r.conversation, r.turn),
+                                           entry_bytes(r.new_tokens, bpt)):
+                writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
+                owner.append(r)
+        if writes:
+            w = kv.write(writes)
+            written += w.bytes
+            storage_s += w.elapsed
+            for r, lat in zip(owner, w.latencies):
+                r.write_s = max(r.write_s or 0.0, float(lat) + w.sync_s)
+        # decode: every entry of the conversation so far that host memory does not hold
+        reads, owner = [], []
+        for r in batch:
+            for turn in range(r.turn + 1):
+                key = (r.user, r.conversation, turn)
+                if key in tiers.cpu:
+                    tiers.cpu.move_to_end(key)
+                    hits["cpu"] += 1
+                else:
+                    offset, nbytes = tiers.drive[key]
+                    reads.append((offset, sink[:nbytes]))
                     owner.append(r)
-            if writes:
-                w = kv.write(writes)
-                written += w.bytes
-                storage_s += w.elapsed
-                for r, lat in zip(owner, w.latencies):
-                    r.write_s = max(r.write_s or 0.0, float(lat) + w.sync_s)
-            # decode: every entry of the conversation so far that host memory does not hold
-            reads, owner = [], []
-            for r in batch:
-                for turn in range(r.turn + 1):
-                    key = (r.user, turn)
-                    if key in tiers.cpu:
-                        tiers.cpu.move_to_end(key)
-                        hits["cpu"] += 1
-                    else:
-                        offset, nbytes = tiers.drive[key]
-                        reads.append((offset, sink[:nbytes]))
-                        owner.append(r)
-                        hits["drive"] += 1
-            if reads:
-                got = kv.read(reads)
-                read += got.bytes
-                storage_s += got.elapsed
-                for r, lat in zip(owner, got.latencies):
-                    r.read_s = max(r.read_s or 0.0, float(lat))
-            end = time.monotonic() - t0
-            for r in batch:
-                r.done = end
-                next_turn[r.user] += 1
-                ready_at[r.user] = end + table["think_time"]
-                served.append(r)
-            if progress:
-                done = sum(next_turn) / sum(len(c) for c in convs)
-                progress(f"{len(served)} requests served", done)
-        backend = kv.backend
+                    hits["drive"] += 1
+        if reads:
+            got = kv.read(reads)
+            read += got.bytes
+            storage_s += got.elapsed
+            for r, lat in zip(owner, got.latencies):
+                r.read_s = max(r.read_s or 0.0, float(lat))
+        end = time.monotonic() - t0
+        for r in batch:
+            r.done = end
+            next_turn[r.user] += 1
+            ready_at[r.user] = end + table["think_time"]
+            served.append(r)
+            if duration and next_turn[r.user] == len(convs[r.user]):
+                # the conversation is over: the user's next one takes its room
+                tiers.forget(r.user, r.conversation, len(convs[r.user]))
+                convs[r.user] = _conversation(table, seed, r.user, r.conversation + 1)
+                next_turn[r.user] = 0
+        if progress:
+            done = min(1.0, end / duration) if duration else len(served) / total
+            progress(f"{users} users: {len(served)} requests served", done)
     wall = time.monotonic() - t0
-    seen = honesty.between(device_before, target.device_stat())
-    return {"model": model.name, "bytes_per_token": bpt, "backend": backend, "wall_s": wall,
-            "storage_s": storage_s, "written": written, "read": read, "hits": hits,
-            "tokens": table["generation_tokens"] * len(served),
-            "requests": [r.__dict__ for r in served], "store": str(store),
-            "qos": {c: QOS[c] for c in table["classes"]},
-            "device": seen,
-            "write_truth": honesty.check_device(seen, "write_bytes", written, "KV entries "
-                                                "written", str(store)) if written else {},
-            "read_truth": honesty.check_device(seen, "read_bytes", read, "KV entries read "
-                                               "back", str(store)) if read else {}}
+    tokens = table["generation_tokens"] * len(served)
+    e2e = {}
+    for c in table["classes"]:
+        lat = [r.done - r.arrival for r in served if r.qos == c]
+        if lat:
+            e2e[c] = (float(np.percentile(lat, 95)), float(np.percentile(lat, 99)))
+    return {"model": model.name, "bytes_per_token": bpt, "backend": kv.backend, "users": users,
+            "wall_s": wall, "storage_s": storage_s, "written": written, "read": read,
+            "hits": hits, "tokens": tokens, "tokens_per_s": tokens / wall,
+            "storage_tokens_per_s": tokens / storage_s if storage_s else 0.0,
+            "e2e": e2e, "requests": [r.__dict__ for r in served], "qos": targets(table)}
 
 
 def remove(target: Target) -> None:
