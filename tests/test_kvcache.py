@@ -18,8 +18,8 @@ from qual.target.guard import UnsafeTarget
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table
 from qual.workloads import kvcache
-from qual.workloads.kvcache.spec import MODELS, conversation_bytes
-from qual.workloads.kvcache.workload import holds, search_capacity, search_qos
+from qual.workloads.kvcache.spec import MODELS, conversation_bytes, prefix_bytes
+from qual.workloads.kvcache.workload import Tiers, holds, search_capacity, search_qos
 
 from testbed import needs_root, sha256_of
 
@@ -220,3 +220,30 @@ def test_a_profile_judges_the_most_users_at_the_class_target(tmp_path, least, st
     assert doc["max_users"] == 4 and doc["failed_at"] is None  # 60 s holds everywhere
     assert [v["passed"] for v in doc["verdicts"]] == [status == 0]
     assert not (Path(tmp_path) / "qual-kvcache").exists()
+
+
+def test_a_shared_prefix_is_written_once_and_read_by_every_decode(tmp_path):
+    """Two system prompts shared by four users: each prefix's entry is written once, by the
+    first request that needs it, and every decode of every conversation reads it back."""
+    alone = kvcache.run(Target(tmp_path), table(), seed=4).result
+    shared_t = table(prefixes=2, prefix_tokens=32)
+    shared = kvcache.run(Target(tmp_path), shared_t, seed=4).result
+    each = prefix_bytes(shared_t)
+    assert each == 32 * MODELS["llama3.1-8b"].bytes_per_token
+    assert shared["written"] - alone["written"] == 2 * each
+    assert shared["read"] - alone["read"] == len(shared["requests"]) * each
+    assert shared["hits"]["drive"] - alone["hits"]["drive"] == len(shared["requests"])
+    kvcache.FAMILY.remove(Target(tmp_path))
+
+
+def test_memory_tiers_cascade_least_recently_used_entries_down_to_the_drive():
+    """GPU memory first, then host memory, each evicting its least recently used entry to
+    the next; what host memory evicts goes to the drive. A hit refreshes an entry."""
+    t = Tiers([("gpu", 2), ("cpu", 2)], region=8, first=1, later=1)
+    assert t.place("a", 1) == t.place("b", 1) == []        # gpu: a b
+    assert t.place("c", 1) == [] and t.where("a") == "cpu"  # a down to cpu
+    assert t.where("b") == "gpu"                            # b refreshed: c is the oldest
+    assert t.place("d", 1) == [] and t.where("c") == "cpu"  # c down; cpu: a c
+    assert t.place("e", 1) == [("a", 1)]                    # b down, a off the end
+    assert t.place("big", 3) == [("big", 3)]                # fits no tier: the drive
+    assert t.where("a") == t.where("big") == "drive"

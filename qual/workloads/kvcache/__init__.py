@@ -12,7 +12,7 @@ from qual.family import Family, Flags, Rates, Work
 from qual.target import Target
 from qual.workloads.kvcache.results import KvCacheOutcome
 from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
-                                         drive_bytes, turn_entries)
+                                         drive_bytes, prefix_bytes, turn_entries)
 from qual.workloads.kvcache import workload
 
 RUN_TESTS = ("test_storage", "test_service")
@@ -34,6 +34,10 @@ def explain(table: dict) -> tuple[dict, list[str]]:
              f"{table['turn_tokens'] + table['generation_tokens']:,} tokens",
              f"{table['users']} users x {table['requests']} requests; host-memory tier "
              f"{table['cpu_mem']:,} B, GPU tier {table['gpu_mem']:,} B"]
+    if table["prefixes"]:
+        lines.append(f"{table['prefixes']} shared prefixes of {table['prefix_tokens']:,} tokens = "
+                     f"{prefix_bytes(table) / 2**20:,.1f} MiB each, written once, read by "
+                     "every decode of the conversations that share them")
     return {"model": m.name, "bytes_per_token": m.bytes_per_token,
             "derivation": m.derivation(), "source": "reference/mlperf-storage-v3.md"}, lines
 
@@ -47,7 +51,8 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
         return []
     users = table["users"] if table["mode"] == "fixed" else table["max_users"]
     first, later = turn_entries(table)
-    read = users * sum(first + t * later for t in range(table["requests"]))
+    read = users * sum(first + t * later + prefix_bytes(table)
+                       for t in range(table["requests"]))
     written = drive_bytes(table, users)
     seconds = table["duration"] or written / rates.write_bw + read / rates.read_bw
     if table["mode"] != "fixed":

@@ -106,6 +106,11 @@ FIELDS = (
           help="the first turn's context, drawn between the two (lowest, highest)"),
     Field("turn_tokens", "count", default=128, help="tokens a later turn adds to its context"),
     Field("generation_tokens", "count", default=64, help="tokens generated per request"),
+    Field("prefixes", "count", default=0, minimum=0, maximum=4096,
+          help="shared prefixes (system prompts) conversations begin with, user u's the "
+               "(u mod prefixes)th: its KV entry is written once, by its first user, and read "
+               "by every decode of every conversation that shares it (0: none)"),
+    Field("prefix_tokens", "count", default=512, help="tokens of a shared prefix"),
     Field("think_time", "duration", default="0 s", minimum=0,
           help="a user's pause between its requests"),
     Field("classes", "choices", default=list(QOS), choices=tuple(QOS),
@@ -177,10 +182,19 @@ def conversation_bytes(table: dict) -> int:
     return first + (table["requests"] - 1) * later
 
 
+def prefix_bytes(table: dict) -> int:
+    """The bytes of a shared prefix's entry (0 without shared prefixes)."""
+    if not table["prefixes"]:
+        return 0
+    return entry_bytes(table["prefix_tokens"], MODELS[table["model"]].bytes_per_token)
+
+
 def drive_bytes(table: dict, users: int | None = None) -> int:
-    """The most the drive tier holds at once: every entry of every user's conversation, as
-    where host memory holds none (a conversation that ends gives its room to the next)."""
-    return (users or table["users"]) * conversation_bytes(table)
+    """The most the drive tier holds at once: the shared prefixes' entries and every entry of
+    every user's conversation, as where memory holds none (a conversation that ends gives its
+    room to the next)."""
+    return table["prefixes"] * prefix_bytes(table) + \
+        (users or table["users"]) * conversation_bytes(table)
 
 
 def cells(table: dict) -> list[str]:

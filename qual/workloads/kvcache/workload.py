@@ -24,7 +24,7 @@ from qual.errors import TargetUnavailable
 from qual.target import Target
 from qual.target.scratch import fsync_dir, own_folder, remove_made
 from qual.workloads.kvcache.spec import (MODELS, conversation_bytes, drive_bytes,
-                                         entry_bytes, targets, turn_entries)
+                                         entry_bytes, prefix_bytes, targets, turn_entries)
 
 FOLDER = "qual-kvcache"
 MANIFEST = "manifest.json"
@@ -46,47 +46,75 @@ class Request:
 
 @dataclass
 class Tiers:
-    """Where each entry is: host memory (LRU, `cpu_mem` bytes) or the drive. Every user owns a
-    region of the store, one conversation long, and each turn's entry its place in it: a
-    conversation that ends gives its region to the user's next one."""
+    """Where each entry is: in a memory tier, fastest first (the GPU's, then host memory's),
+    each least recently used first out, its evicted entries cascading to the next tier
+    ("waterfall"), or on the drive. A memory tier is its capacity: what it holds never reaches
+    the drive, and the drive's traffic is what is measured. The store holds the shared
+    prefixes' entries first, then one region per user one conversation long, each turn's entry
+    at its place in it: a conversation that ends gives its region to the user's next one."""
 
-    cpu_mem: int
+    memory: list[tuple[str, int]]  # (tier, bytes), fastest first
     region: int          # bytes of one user's region
     first: int           # bytes of a first turn's entry, at most
     later: int           # bytes of each later turn's
-    cpu: OrderedDict = field(default_factory=OrderedDict)  # key -> bytes
-    cpu_used: int = 0
+    prefix: int = 0      # bytes of a shared prefix's entry
+    prefixes: int = 0
+    held: dict = field(default_factory=dict)   # tier -> OrderedDict of key -> bytes
+    used: dict = field(default_factory=dict)   # tier -> bytes held
     drive: dict = field(default_factory=dict)  # key -> (offset, bytes)
 
-    def place(self, key, size: int) -> list:
-        """A new entry: into host memory when it fits there (evicting the least recently used
-        entries, which then go to the drive), else to the drive. Returns the (key, bytes) the
-        drive must take now."""
-        to_drive = []
-        if size > self.cpu_mem:
+    def __post_init__(self):
+        self.held = {tier: OrderedDict() for tier, _ in self.memory}
+        self.used = dict.fromkeys(self.held, 0)
+
+    def place(self, key, size: int, tier: int = 0) -> list:
+        """A new entry: into the fastest memory tier that can hold it (from `tier` on), its
+        least recently used entries cascading down a tier to make room. Returns the (key,
+        bytes) the drive must take now."""
+        if tier == len(self.memory):
             return [(key, size)]
-        while self.cpu_used + size > self.cpu_mem:
-            old, old_size = self.cpu.popitem(last=False)
-            self.cpu_used -= old_size
-            to_drive.append((old, old_size))
-        self.cpu[key] = size
-        self.cpu_used += size
-        return to_drive
+        name, capacity = self.memory[tier]
+        if size > capacity:
+            return self.place(key, size, tier + 1)
+        held, down = self.held[name], []
+        while self.used[name] + size > capacity:
+            old, old_size = held.popitem(last=False)
+            self.used[name] -= old_size
+            down += self.place(old, old_size, tier + 1)
+        held[key] = size
+        self.used[name] += size
+        return down
+
+    def where(self, key) -> str:
+        """The tier that holds the entry; a memory tier's hit makes it its most recent."""
+        for name, held in self.held.items():
+            if key in held:
+                held.move_to_end(key)
+                return name
+        return "drive"
+
+    def has(self, key) -> bool:
+        return key in self.drive or any(key in held for held in self.held.values())
 
     def offset_for(self, key, size: int) -> int:
-        user, _, turn = key
-        offset = user * self.region + (self.first + (turn - 1) * self.later if turn else 0)
+        if key[0] == "prefix":
+            offset = key[1] * self.prefix
+        else:
+            user, _, turn = key
+            offset = self.prefixes * self.prefix + user * self.region + \
+                (self.first + (turn - 1) * self.later if turn else 0)
         self.drive[key] = (offset, size)
         return offset
 
     def forget(self, user: int, conversation: int, turns: int) -> None:
-        """A conversation that ended: its entries leave every tier."""
+        """A conversation that ended: its entries leave every tier (its prefix stays)."""
         for turn in range(turns):
             key = (user, conversation, turn)
             self.drive.pop(key, None)
-            size = self.cpu.pop(key, None)
-            if size is not None:
-                self.cpu_used -= size
+            for name, held in self.held.items():
+                size = held.pop(key, None)
+                if size is not None:
+                    self.used[name] -= size
 
 
 def _conversation(table: dict, seed: int, user: int, conversation: int) -> list[Request]:
@@ -100,10 +128,16 @@ def _conversation(table: dict, seed: int, user: int, conversation: int) -> list[
                     first if t == 0 else later) for t in range(table["requests"])]
 
 
+def _cuda() -> bool:
+    import torch  # only a run with a GPU tier pays for torch's import
+
+    return torch.cuda.is_available()
+
+
 def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
     """The mode's runs: one of `users` users (fixed), or a search over user counts (qos,
     capacity); returns the chosen run's result document, with the search's trials."""
-    if table["gpu_mem"]:
+    if table["gpu_mem"] and not _cuda():
         raise TargetUnavailable(19, "a GPU tier needs CUDA, and this host has none: gpu_mem "
                                 "must be 0", target=target.spec)
     if target.kind == "block":  # the store is the device's first bytes: the guard first
@@ -219,6 +253,11 @@ def _serve(target: Target, table: dict, store: str, seed: int, progress) -> dict
                                                "back", store) if r["read"] else {}}
 
 
+def _prefix(r: Request, prefixes: int) -> tuple:
+    """The shared prefix (system prompt) a user's conversations begin with."""
+    return ("prefix", r.user % prefixes)
+
+
 def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     """The server's loop over a store `kv` (write(entries) and read(entries) of (offset,
     buffer) pairs, each returning bytes, elapsed, latencies and sync_s; its backend): the
@@ -227,8 +266,12 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     bpt = model.bytes_per_token
     users, duration = table["users"], table["duration"]
     first, later = turn_entries(table)
-    tiers = Tiers(table["cpu_mem"], region=conversation_bytes(table), first=first, later=later)
-    pool = engine.aligned_empty(max(first, later))
+    prefix, prefixes = prefix_bytes(table), table["prefixes"]
+    memory = ([("gpu", table["gpu_mem"])] if table["gpu_mem"] else []) + \
+        [("cpu", table["cpu_mem"])]
+    tiers = Tiers(memory, region=conversation_bytes(table), first=first, later=later,
+                  prefix=prefix, prefixes=prefixes)
+    pool = engine.aligned_empty(max(first, later, prefix))
     engine.fill_random(pool, seed)
     sink = engine.aligned_empty(len(pool))
     convs = [_conversation(table, seed, u, 0) for u in range(users)]
@@ -236,7 +279,7 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     ready_at = [0.0] * users
     written = read = 0
     storage_s = 0.0
-    hits = {"cpu": 0, "drive": 0}
+    hits = {**dict.fromkeys(tiers.held, 0), "drive": 0}
     served: list[Request] = []
     total = users * table["requests"]  # a request-bound run's, for progress
     t0 = time.monotonic()
@@ -255,10 +298,13 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
         # prefill: each request's new entry, placed in the fastest tier with room
         writes, owner = [], []
         for r in batch:
-            for key, nbytes in tiers.place((r.user, r.conversation, r.turn),
-                                           entry_bytes(r.new_tokens, bpt)):
-                writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
-                owner.append(r)
+            new = [((r.user, r.conversation, r.turn), entry_bytes(r.new_tokens, bpt))]
+            if prefixes and not tiers.has(_prefix(r, prefixes)):  # its first user writes it
+                new.insert(0, (_prefix(r, prefixes), prefix))
+            for entry, size in new:
+                for key, nbytes in tiers.place(entry, size):
+                    writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
+                    owner.append(r)
         if writes:
             w = kv.write(writes)
             written += w.bytes
@@ -268,16 +314,14 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
         # decode: every entry of the conversation so far that host memory does not hold
         reads, owner = [], []
         for r in batch:
-            for turn in range(r.turn + 1):
-                key = (r.user, r.conversation, turn)
-                if key in tiers.cpu:
-                    tiers.cpu.move_to_end(key)
-                    hits["cpu"] += 1
-                else:
+            past = [(r.user, r.conversation, turn) for turn in range(r.turn + 1)]
+            for key in ([_prefix(r, prefixes)] if prefixes else []) + past:
+                tier = tiers.where(key)
+                hits[tier] += 1
+                if tier == "drive":
                     offset, nbytes = tiers.drive[key]
                     reads.append((offset, sink[:nbytes]))
                     owner.append(r)
-                    hits["drive"] += 1
         if reads:
             got = kv.read(reads)
             read += got.bytes
