@@ -17,5 +17,8 @@ def test_storage(outcome, record):
 
 @allure.feature("KV-cache service")
 def test_service(outcome, record):
-    """End-to-end latency per QoS class, queue wait, tokens per second."""
+    """End-to-end latency per QoS class, queue wait, tokens per second (a search's answer);
+    the per-request latency chart, and a search's trials."""
     record.add(outcome.measurements("service"))
+    for title, chart in outcome.charts().items():
+        record.attach(title, chart)

@@ -160,6 +160,9 @@ def test_a_qos_search_on_a_drive_answers_with_a_run_that_held_and_one_that_did_n
     assert found["kv_max_users"].value == r["max_users"]
     assert found["kv_max_users"].context["failed_at"] == r["failed_at"]
     assert r["read_truth"]["device_truth"] == "counted"  # the answer's run, device-checked
+    charts = outcome.charts()
+    assert set(charts) == {"KV-cache latency per request", "KV-cache qos search"}
+    assert all(png.startswith(b"\x89PNG") and len(png) > 10_000 for png in charts.values())
     kvcache.FAMILY.remove(Target(folder))
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from qual.record import Measurement, measure
 from qual.workloads.base import Outcome
+from qual.workloads.kvcache import charts
 from qual.workloads.kvcache.spec import METRICS, NAME, PERCENTILES
 
 
@@ -72,6 +73,12 @@ class KvCacheOutcome(Outcome):
             else:
                 out.append(measure(NAME, METRICS["kv_peak_users"], {}, r["peak_users"],
                                    context=found))
+        return out
+
+    def charts(self) -> dict[str, bytes]:
+        out = {"KV-cache latency per request": charts.latency_chart(self.result)}
+        if self.result["mode"] != "fixed":
+            out[f"KV-cache {self.result['mode']} search"] = charts.search_chart(self.result)
         return out
 
     def document(self) -> dict:
