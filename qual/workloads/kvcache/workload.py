@@ -282,6 +282,18 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     hits = {**dict.fromkeys(tiers.held, 0), "drive": 0}
     served: list[Request] = []
     total = users * table["requests"]  # a request-bound run's, for progress
+
+    def moved(op: str, entries: list, owner: list[Request]) -> int:
+        """One batch of entries through the store: its time counts as storage time, and each
+        request's slowest entry (a write batch's fdatasync with it) is its write_s or read_s.
+        Returns the bytes moved."""
+        nonlocal storage_s
+        got = kv.write(entries) if op == "write" else kv.read(entries)
+        storage_s += got.elapsed
+        for r, lat in zip(owner, got.latencies):
+            setattr(r, f"{op}_s", max(getattr(r, f"{op}_s") or 0.0, float(lat) + got.sync_s))
+        return got.bytes
+
     t0 = time.monotonic()
     while True:
         now = time.monotonic() - t0
@@ -306,11 +318,7 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
                     writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
                     owner.append(r)
         if writes:
-            w = kv.write(writes)
-            written += w.bytes
-            storage_s += w.elapsed
-            for r, lat in zip(owner, w.latencies):
-                r.write_s = max(r.write_s or 0.0, float(lat) + w.sync_s)
+            written += moved("write", writes, owner)
         # decode: every entry of the conversation so far that host memory does not hold
         reads, owner = [], []
         for r in batch:
@@ -323,11 +331,7 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
                     reads.append((offset, sink[:nbytes]))
                     owner.append(r)
         if reads:
-            got = kv.read(reads)
-            read += got.bytes
-            storage_s += got.elapsed
-            for r, lat in zip(owner, got.latencies):
-                r.read_s = max(r.read_s or 0.0, float(lat))
+            read += moved("read", reads, owner)
         end = time.monotonic() - t0
         for r in batch:
             r.done = end
