@@ -1,12 +1,13 @@
-"""A KV-cache run: users in QoS classes hold conversations with an inference server that keeps
-each turn's attention keys and values (one KV entry) in its fastest tier with room — host
-memory (`cpu_mem`, LRU), then the drive (a store qual lays out on the target: a file in a
-folder of its own, or a block device's first bytes past the guard) — evicting the
-least recently used entries down a tier ("waterfall"). The server serves every request that
-has arrived as one batch, as continuous batching does: prefill writes the batch's new entries,
-decode reads back every entry of each conversation that host memory does not hold. Entries
-move through the native engine with O_DIRECT (qual.engine.KvStore), so the drive's own
-counters account for every byte."""
+"""A KV-cache run: users in QoS classes hold conversations (after a shared prefix, where
+there are some) with an inference server that keeps each turn's attention keys and values
+(one KV entry) in its fastest tier with room — GPU memory where CUDA exists (`gpu_mem`), host
+memory (`cpu_mem`), each least recently used first out, then the drive (a store qual lays out
+on the target: a file in a folder of its own, or a block device's first bytes past the
+guard) — evicting down a tier ("waterfall"). The server serves every request that has arrived
+as one batch, as continuous batching does: prefill writes the batch's new entries, decode
+reads back every entry of each conversation that memory does not hold. Entries move through
+the native engine with O_DIRECT (qual.engine.KvStore), so the drive's own counters account
+for every byte. A run is one user count (fixed) or a search over them (qos, capacity)."""
 
 from __future__ import annotations
 
