@@ -199,10 +199,13 @@ def test_an_exception_the_instant_after_the_hand_over_stops_the_native_job(data_
     assert int(ctl.ops_done) == ops
 
 
-def test_a_gather_interrupted_at_its_hand_over_is_over_and_the_cache_reads_on(tmp_path):
-    """A feature cache's gathers go to its own engine thread; an exception the instant one is
-    queued there leaves no gather running (the next one starts, and is not told an earlier
-    one never returned), and the cache then gathers the right bytes."""
+@pytest.mark.parametrize("instant", ["c_call", "c_return"])
+def test_a_gather_interrupted_at_its_hand_over_is_over_and_the_cache_reads_on(tmp_path,
+                                                                              instant):
+    """A feature cache's gathers go to its own engine thread; an exception the instant before
+    one is queued there (it is withdrawn: no 5 s wait for a call that never started) or just
+    after (it is cancelled and waited for) leaves no gather running: the next one starts, is
+    not told an earlier one never returned, and gathers the right bytes."""
     rows, row = 4096, 4096
     path = tmp_path / "features.bin"
     write_pattern_file(path, rows * row, seed=9)
@@ -213,9 +216,9 @@ def test_a_gather_interrupted_at_its_hand_over_is_over_and_the_cache_reads_on(tm
     calls = cache._thread._calls  # the one place a gather is handed over
 
     def queued(frame, event, arg):
-        return event == "c_return" and getattr(arg, "__self__", None) is calls
+        return event == instant and getattr(arg, "__self__", None) is calls
     with time_limit(JOB_LIMIT, "a gather interrupted at its hand-over"):
-        with pytest.raises(Interrupted):
+        with pytest.raises(Interrupted):  # itself, at once: not EngineStuck after STOP_WAIT
             with interrupt_when(queued):
                 cache.gather(order, out)
         cache.gather(order[:64], out[:64])

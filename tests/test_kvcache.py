@@ -250,3 +250,14 @@ def test_memory_tiers_cascade_least_recently_used_entries_down_to_the_drive():
     assert t.place("e", 1) == [("a", 1)]                    # b down, a off the end
     assert t.place("big", 3) == [("big", 3)]                # fits no tier: the drive
     assert t.where("a") == t.where("big") == "drive"
+
+
+@pytest.mark.parametrize("given, key", [
+    ({"mode": "qos", "users": 64, "max_users": 32}, "users"),
+    ({"mode": "capacity", "users": 64, "max_users": 32}, "users"),
+    ({"mode": "qos", "search_step": 64, "max_users": 32}, "search_step"),
+])
+def test_a_search_that_cannot_run_is_refused_before_any_io(given, key):
+    with pytest.raises(ProfileError) as e:
+        table(**given)
+    assert any(k.endswith(f"kvcache.{key}") for _, k, _ in e.value.problems), e.value.problems

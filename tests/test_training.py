@@ -392,4 +392,6 @@ def test_ranges_widen_to_the_alignment_and_merge(tmp_path):
     reader = SampleReader(block_size=64 << 10, queue_depth=4, align=4096)
     assert reader.read(str(path), ranges) == 12288 + (1 << 20) - 897_024  # to the file's end
     assert reader.read(str(path)) == 1 << 20
+    with pytest.raises(InvalidJob, match="unaligned"):  # the engine checks what it is given
+        reader.read(str(path), engine.Ranges([(512, 512)], 512))
     reader.close()

@@ -183,8 +183,7 @@ int qual_reader_read_ranges(struct qual_reader *r, const char *path,
                             const struct qual_range *ranges, uint32_t nranges,
                             struct qual_ctl *ctl, uint64_t *bytes)
 {
-    if (!ranges && nranges)
+    if (!ranges) /* NULL means the whole file to read_file */
         return qual_set_error(-EINVAL, "ranges is NULL");
-    static const struct qual_range none = {0, 0};
-    return read_file(r, path, ranges ? ranges : &none, ranges ? nranges : 0, ctl, bytes);
+    return read_file(r, path, ranges, nranges, ctl, bytes);
 }
