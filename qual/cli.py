@@ -476,8 +476,9 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     results = Path(args.results)
     alluredir = results / "allure-results"
     suites = [str(shipped("suites"))] + [str(f.suite) for f in families.values() if f.suite]
-    argv = [*suites, f"--qual-profile={args.profile}", f"--qual-results={results}",
-            "-p", "no:cacheprovider", "-p", "no:benchmark"]
+    # qual's own pytest settings, whatever folder it runs from (suites/pytest.ini)
+    argv = [*suites, "-c", str(shipped("suites") / "pytest.ini"), f"--qual-profile={args.profile}",
+            f"--qual-results={results}", "-p", "no:cacheprovider", "-p", "no:benchmark"]
     argv += [f"--qual-target={t}" for t in args.target or ()]
     if args.plan:
         return _plan(argv + extra, args.json)

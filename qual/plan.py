@@ -20,6 +20,15 @@ from qual.units import format_duration, format_size
 
 PER_TEST_S = 0.02  # pytest's own time around a test: set-up, the recorder, the Allure files
 CALIBRATION_LIMITS = (0.25, 4.0)  # a past run never moves an estimate by more than this
+# A test's time limit: this many times the most its plan says it may take, plus this many
+# seconds. Generous on purpose: a stall is the watchdog's to catch within the command timeout;
+# the limit only ends a test that keeps answering but never finishes.
+TIME_LIMIT = (4.0, 600.0)
+
+
+def time_limit(estimate_max_s: float) -> float:
+    factor, margin = TIME_LIMIT
+    return factor * estimate_max_s + margin
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,10 @@ class PlannedTest:
     space: int  # the most room it needs on the target at once
     estimate_max_s: float  # the most it may take (a steady-state test at its round limit)
     model_s: float  # the estimate before the last run's scaling (what the next run scales)
+    time_limit_s: float = 0.0  # the most the run lets it take (time_limit of estimate_max_s)
+
+    def __post_init__(self):
+        self.time_limit_s = self.time_limit_s or time_limit(self.estimate_max_s)
 
 
 @dataclass
@@ -59,6 +72,7 @@ class Plan:
     rates: dict = field(default_factory=dict)
     basis: str = "model"
     fitted: dict = field(default_factory=dict)  # family -> {"changes", "caveat"} (--qual-fit)
+    left_out: list[str] = field(default_factory=list)  # families a -k/-m subset cut into
 
     @property
     def total_estimate_s(self) -> float:
@@ -76,7 +90,7 @@ class Plan:
                 "total_estimate_s": self.total_estimate_s,
                 "total_estimate_max_s": self.total_estimate_max_s, "refusals": self.refusals,
                 "filesystem": self.filesystem, "rates": self.rates, "basis": self.basis,
-                "fitted": self.fitted}
+                "fitted": self.fitted, "left_out": self.left_out}
 
     def lines(self) -> list[str]:
         return plan_lines(self.as_dict())
@@ -104,6 +118,9 @@ def plan_lines(plan: dict) -> list[str]:
     most = f", at most {format_duration(plan['total_estimate_max_s'])} if every steady-state " \
         "test runs to its round limit" \
         if plan["total_estimate_max_s"] > 1.05 * plan["total_estimate_s"] else ""
+    factor, margin = TIME_LIMIT
+    out.append(f"each test's time limit: {factor:g} x its most + {format_duration(margin)} "
+               "(stalls are the watchdog's, within the command timeout)")
     out.append(f"total: {format_size(plan['bytes_written'])} written, "
                f"{format_size(plan['bytes_read'])} read, about "
                f"{format_duration(plan['total_estimate_s'])}{most} ({plan['basis']})")

@@ -460,17 +460,32 @@ class TestResult:
         return out
 
 
-def summarize(tests: list[TestResult], profile) -> dict:
+def not_selected(tests: list[TestResult], profile, plan: dict | None) -> set[str]:
+    """The criteria a -k/-m subset left out: of a family some of whose tests it deselected
+    (the plan's `left_out`), measured by no test of the run, where no selected test of the
+    family skipped or broke (that one might have judged it: then it is not judged)."""
+    families = set((plan or {}).get("left_out", ()))
+    family_of = {t["id"]: t["family"] for t in (plan or {}).get("tests", ())}
+    measured = {m["id"] for t in tests for m in t.measurements}
+    unsure = {family_of.get(t.nodeid) for t in tests if t.outcome in ("skipped", "broken")}
+    return {c.id for c in profile.criteria if c.family in families - unsure
+            and c.id not in measured}
+
+
+def summarize(tests: list[TestResult], profile, plan: dict | None = None) -> dict:
     """Counts and the run's verdict: FAIL (a check failed), ERROR (a test could not measure),
     INCOMPLETE (a criterion of the profile was not judged: not measured, or UNVERIFIED for
     want of device truth), INCONCLUSIVE (a criterion failed on its median but its interval holds
     the bound, where the profile says that decides nothing; or a baseline comparison the noise
-    cannot decide), else PASS."""
+    cannot decide), else PASS. A criterion a -k/-m subset left out (`not_selected`, from the
+    run's `plan`) is listed as such and does not make the run INCOMPLETE."""
     verdicts = [v for t in tests for v in t.verdicts]
     regressions = [r for t in tests for r in t.regressions]
     measurements = [m for t in tests for m in t.measurements if _final(m)]
     judged = {v["id"] for v in verdicts}
-    not_judged = [c.id for c in profile.criteria if c.id not in judged]
+    unjudged = [c.id for c in profile.criteria if c.id not in judged]
+    left_out = not_selected(tests, profile, plan)
+    not_judged = [c for c in unjudged if c not in left_out]
     unsure = [v["line"] for v in verdicts if v.get("inconclusive")] + \
         [r["line"] for r in regressions if r.get("inconclusive")]
     failed = sum(not v["passed"] and not v.get("inconclusive") for v in verdicts) + \
@@ -500,6 +515,7 @@ def summarize(tests: list[TestResult], profile) -> dict:
         "improved": [r["id"] for r in regressions if r["improved"]],
         "inconclusive": unsure,
         "not_judged": not_judged,
+        "not_selected": [c for c in unjudged if c in left_out],
         "caveats": sorted({c for v in verdicts for c in v.get("caveats", ())}),
         "unverified": [u for t in tests for u in t.unverified],
         "device_errors": [{"test": t.nodeid, **t.device_error} for t in tests

@@ -245,6 +245,9 @@ def summary_rows(record: dict) -> dict[str, list[tuple[str, ...]]]:
                 (missing, "", "", "", "UNVERIFIED", unverified[missing]))
         else:
             tables.setdefault("not judged", []).append((missing, "", "", "", "NOT JUDGED", ""))
+    for left_out in record["summary"].get("not_selected", []):  # a subset's: decides nothing
+        tables.setdefault("not selected", []).append(
+            (left_out, "", "", "", "NOT SELECTED", "its tests were not selected (-k, -m)"))
     return tables
 
 

@@ -135,12 +135,24 @@ def test_a_flag_over_a_profile_is_judged_alone(tmp_path, family, flag, value):
     assert not list(tmp_path.iterdir())
 
 
-def test_run_exits_6_when_a_criterion_was_not_judged(tmp_path):
+def test_run_exits_0_on_a_subset_and_6_when_a_selected_criterion_was_not_judged(tmp_path):
+    """-k seq_read: the latency criterion is not selected, the run passes. With a health
+    criterion on a file (no SMART log there, its test skips), the same subset is INCOMPLETE."""
     proc = qual("run", "--profile", str(TINY_PROFILE), "--results", "out", "-q", "-k", "seq_read",
                 cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert load_record(tmp_path / "out")["summary"]["not_selected"] == [
+        "rand_read_lat[bs=4K,qd=1,pct=99]"]
+    health = tmp_path / "health.toml"
+    health.write_text(TINY_PROFILE.read_text() + '\n[[health.criteria]]\nmetric = '
+                      '"health_media_errors"\nparams = { family = "bandwidth" }\nmax = 0\n'
+                      'unit = "count"\nsource = "tests"\n')
+    proc = qual("run", "--profile", str(health), "--results", "out", "-q", "-k",
+                "seq_read or health", cwd=tmp_path)
     assert proc.returncode == 6, proc.stdout + proc.stderr
     summary = load_record(tmp_path / "out")["summary"]
     assert summary["verdict"] == "INCOMPLETE" and summary["checks_failed"] == 0
+    assert "health_media_errors[family=bandwidth]" in summary["not_judged"]
 
 
 def test_run_wraps_pytest_and_leaves_record_and_allure(tmp_path):

@@ -112,6 +112,7 @@ class QualSession:
         self.plans: dict[str, Plan] = {}
         self.caveats: dict[str, dict[str, str]] = {}  # drive -> family -> what --qual-fit did
         self.refused: str | None = None
+        self.deselected: list = []  # by -k/-m: their families' criteria are `not selected`
         self._held: set[str] = set()
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
@@ -290,6 +291,7 @@ class QualSession:
             for spec, chosen in selected.items():
                 if chosen:
                     self.plans[spec] = self.make_plan(spec, chosen)
+                    self.plans[spec].left_out = self.left_out(spec)
         except QualError as e:
             pytest.exit(f"qual: the run cannot be planned: {e}", returncode=EXIT_REFUSED)
         refused = [f"{spec}: {r}" if len(self.plans) > 1 else r
@@ -303,6 +305,7 @@ class QualSession:
                 Path(opt.qual_plan).write_text(text + "\n")
             pytest.exit("qual: plan made, nothing run", returncode=EXIT_REFUSED if refused else 0)
         if not refused:
+            self._limit(session.items)
             self._watch(session.items)
             return
         said = "qual: refused before any I/O, nothing was written:\n" + \
@@ -313,6 +316,24 @@ class QualSession:
         # given fails in set-up, untouched, and the worker stops (`qual run -n` plans first)
         self.refused = said
         session.shouldstop = "qual: the plan refused the run"
+
+    def _limit(self, items: list) -> None:
+        """Each planned test's time limit is its plan's (plan.time_limit), as pytest-timeout's
+        marker, which outranks any `timeout` of the folder qual runs from."""
+        limits = {t.id: t.time_limit_s for plan in self.plans.values() for t in plan.tests}
+        for item in items:
+            if item.nodeid in limits:
+                item.add_marker(pytest.mark.timeout(limits[item.nodeid]))
+
+    def pytest_deselected(self, items):
+        self.deselected += items
+
+    def left_out(self, spec: str) -> list[str]:
+        """The families some of whose tests on a drive a -k/-m subset deselected (their
+        criteria no test of the run judged are `not selected`: record.not_selected)."""
+        return sorted({self.family_of(it) for it in self.deselected
+                       if QUAL_FIXTURES & set(getattr(it, "fixturenames", ()))
+                       and self.spec_of(it) == spec} - {None})
 
     def pytest_runtest_setup(self, item):
         self.current = item
@@ -446,7 +467,8 @@ class QualSession:
             target=target, profile=self.profile.as_dict(),
             engine={"io_uring": engine.io_uring_status() or "available",
                     "backends_used": backends},
-            tests=tests, summary=summarize(tests, self.profile), started=self.started,
+            tests=tests, summary=summarize(tests, self.profile, target.get("plan")),
+            started=self.started,
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=self.config.option.qual_seed,
             baseline=str(baseline.path) if baseline else None, plan=target.get("plan"))
 
@@ -502,8 +524,6 @@ class QualSession:
             tr.write_line(f"{s['measurements']} measurements ({s['informational']} informational), "
                           f"{s['checks_passed']} checks passed, {s['checks_failed']} failed, "
                           f"{s['tests_broken']} tests broken")
-            for missing in s["not_judged"]:
-                tr.write_line(f"not judged: {missing}")
             for why in s.get("unverified", ()):
                 tr.write_line(f"UNVERIFIED: {why}", yellow=True)
             for line in s.get("inconclusive", ()):  # a verdict's line says so itself
