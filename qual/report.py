@@ -261,10 +261,14 @@ def summary_lines(record: dict, source_width: int = 70) -> list[str]:
     if not tables:
         return ["(no criterion was judged)"]
     lines = []
+    left_out = tables.pop("not selected", [])
     for family, rows in tables.items():
         clipped = [(*r[:5], r[5] if len(r[5]) <= source_width else r[5][:source_width - 1] + "…")
                    for r in rows]
         lines += [f"[{family}]", *table_lines(clipped, header=SUMMARY_HEADER)]
+    if left_out:  # a subset's: one line, each criterion once
+        lines.append(f"not selected (-k, -m; decides nothing): {len(left_out)} criteria: "
+                     + ", ".join(row[0] for row in left_out))
     return lines
 
 

@@ -2,12 +2,15 @@
 it, a subset judges what it selects."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 from qual import shipped
 from qual.plan import time_limit
+from qual.plugin.progress import Eta, Inner
 from testbed import TINY_PROFILE, cells_profile, load_record, needs_root, run_suite
 
 
@@ -58,7 +61,8 @@ def test_a_subset_judges_what_it_selects(tmp_path):
     assert summary["not_selected"] == ["rand_read_lat[bs=4K,qd=1,pct=99]"]
     assert summary["not_judged"] == []
     assert proc.stdout.count("rand_read_lat[bs=4K,qd=1,pct=99]") == 1
-    assert "NOT SELECTED" in proc.stdout and "not judged" not in proc.stdout
+    assert "not selected (-k, -m; decides nothing): 1 criteria" in proc.stdout
+    assert "not judged" not in proc.stdout
 
 
 @needs_root
@@ -71,3 +75,61 @@ def test_a_selected_test_that_cannot_judge_still_leaves_the_run_incomplete(tmp_p
     assert summary["verdict"] == "INCOMPLETE"
     assert summary["not_judged"] == ["seq_read_bw[bs=64K,qd=4]"]
     assert summary["not_selected"] == ["rand_read_lat[bs=4K,qd=1,pct=99]"]
+
+
+# ------------------------------------------------------------------ progress
+
+
+def test_inner_progress_is_a_line_every_interval_and_the_last_at_the_end():
+    said = []
+    inner = Inner(said.append, None, interval=0.2)
+    for i in range(50):  # 50 messages within about 0.1 s
+        inner(f"step {i}")
+        time.sleep(0.002)
+    assert said == ["step 0"]
+    time.sleep(0.25)
+    inner("step 50")
+    inner("step 51")
+    assert said == ["step 0", "step 50"]
+    inner.close()  # the test ends: the last message held back is shown
+    assert said == ["step 0", "step 50", "step 51"]
+    inner("next test")  # a new test's first message is shown at once
+    assert said[-1] == "next test"
+
+
+def test_inner_progress_on_a_terminal_is_one_line_in_place():
+    said, rewritten, ended = [], [], []
+    inner = Inner(said.append, rewritten.append, lambda: ended.append(True))
+    for i in range(5):
+        inner(f"step {i}")
+    inner.close()
+    assert rewritten == [f"step {i}" for i in range(5)] and not said and ended == [True]
+
+
+def test_the_eta_learns_the_runs_rate():
+    eta = Eta()
+    eta.plan([{"id": "a", "estimate_s": 10.0}, {"id": "b", "estimate_s": 10.0},
+              {"id": "c", "estimate_s": 20.0}])
+    first = eta.begin("a")
+    assert first.startswith("[1/3] a  elapsed") and first.endswith("ETA 40 s")
+    eta.end("a", 20.0)  # twice as slow as planned: the rest is expected twice as long
+    line = eta.begin("b")
+    assert line.startswith("[2/3] b") and "ETA 1 min 00 s" in line
+
+
+def test_a_run_says_where_it_is_and_keeps_a_familys_progress_short(tmp_path):
+    """[i/N] with the elapsed time and an ETA as each test starts; the KV cache's progress
+    (a line per batch before) is at most a line every 10 s and the last."""
+    proc, _ = run_suite(tmp_path, "-k", "storage", suite="test_kvcache.py",
+                        profile=shipped("thresholds") / "ci.toml")
+    assert "1 passed" in proc.stdout, proc.stdout[-3000:]  # (the other suites' criteria unjudged)
+    starts = re.findall(r"^\[(\d+)/(\d+)\] (\S+)  elapsed .+, ETA .+$", proc.stdout, re.M)
+    assert [(i, n) for i, n, _ in starts] == [("1", "1")]
+    assert starts[0][2].endswith("test_kvcache.py::test_storage")
+    served = [line for line in proc.stdout.splitlines() if "requests served" in line]
+    assert 1 <= len(served) <= 3, served  # 3 repetitions of 2 s: the first line, the last
+    (tmp_path / "q").mkdir()
+    quiet, _ = run_suite(tmp_path / "q", "-q", "-k", "storage", suite="test_kvcache.py",
+                         profile=shipped("thresholds") / "ci.toml")
+    assert "requests served" not in quiet.stdout + quiet.stderr
+    assert "[1/1]" in quiet.stdout

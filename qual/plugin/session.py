@@ -20,6 +20,7 @@ from qual.engine import QualError
 from qual.plan import Plan, Selected, make_plan
 from qual.target.filesystem import OPTIONS as MKFS_OPTIONS, QualFilesystem, private_mounts
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE
+from qual.plugin.progress import Eta, Inner
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
 from qual.record import (RECORD_NAME, Baseline, Measurement, RunRecord, TestResult, drive_model,
                          summarize, write_record)
@@ -113,6 +114,9 @@ class QualSession:
         self.caveats: dict[str, dict[str, str]] = {}  # drive -> family -> what --qual-fit did
         self.refused: str | None = None
         self.deselected: list = []  # by -k/-m: their families' criteria are `not selected`
+        self.eta = Eta()
+        self.inner: Inner | None = None
+        self.distributed = bool(getattr(opt, "numprocesses", None))
         self._held: set[str] = set()
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
@@ -231,15 +235,42 @@ class QualSession:
         return Recorder(item, self.judging(spec), store.extend, earlier=store)
 
     def progress(self, message: str, done: float | None = None) -> None:
+        """A family's progress (qual.plugin.progress.Inner: at most a line every 10 s, one
+        line in place on a terminal); -q silences it."""
         if self.config.option.verbose < 0:
             return
+        if self.inner is None:
+            tr = self.config.pluginmanager.get_plugin("terminalreporter")
+            terminal = self.worker is None and tr is not None and tr.isatty
+            self.inner = Inner(lambda m: self.say(f"  {m}"),
+                               (lambda m: self._rewrite(tr, f"  {m}")) if terminal else None)
+        self.inner(message)
+
+    def say(self, line: str) -> None:
+        """A line for the person running qual, past pytest's capture; a worker's goes to its
+        stderr (the controller's), whole lines naming the worker."""
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        capture = self.config.pluginmanager.get_plugin("capturemanager")
-        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        with self._uncaptured():
             if self.worker is None and tr is not None:
-                tr.write_line(f"  {message}")
-            else:  # a worker's stderr is the controller's: whole lines stay readable
-                print(f"[{self.worker}] {message}", file=sys.__stderr__, flush=True)
+                tr.write_line(line)
+            else:
+                print(f"[{self.worker}] {line.strip()}", file=sys.__stderr__, flush=True)
+
+    def _rewrite(self, tr, line: str) -> None:
+        with self._uncaptured():
+            if not self.inner.open:
+                tr.ensure_newline()  # pytest starts its own next line after ours
+            tr.rewrite(line, erase=True)
+
+    def _uncaptured(self):
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        return capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        """`[i/N] test  elapsed …, ETA …` as each test starts (under xdist, as each ends)."""
+        if self.controller and not self.distributed and nodeid in self.eta.estimates and \
+                self.config.option.verbose >= -1:
+            self.say(self.eta.begin(nodeid))
 
     # ---- hooks (registered as a plugin object)
 
@@ -292,6 +323,7 @@ class QualSession:
                 if chosen:
                     self.plans[spec] = self.make_plan(spec, chosen)
                     self.plans[spec].left_out = self.left_out(spec)
+                    self.eta.plan(self.plans[spec].as_dict()["tests"])
         except QualError as e:
             pytest.exit(f"qual: the run cannot be planned: {e}", returncode=EXIT_REFUSED)
         refused = [f"{spec}: {r}" if len(self.plans) > 1 else r
@@ -432,7 +464,10 @@ class QualSession:
             self.caveats.setdefault(spec, {})[name] = fit["caveat"]
         return plan
 
+    @pytest.hookimpl(tryfirst=True)  # a family's line in place ends before pytest's result
     def pytest_runtest_logreport(self, report):
+        if self.inner is not None and report.when in ("call", "teardown"):
+            self.inner.close()
         if not self.controller:
             return
         props = dict(report.user_properties)
@@ -440,6 +475,7 @@ class QualSession:
             return
         if TARGET_INFO in props:
             self.targets_reported.setdefault(props[TARGET_INFO]["spec"], props[TARGET_INFO])
+            self.eta.plan((props[TARGET_INFO].get("plan") or {}).get("tests", ()))
         nodeid = report.nodeid.split(f"@{DRIVE_GROUP}")[0]  # xdist appends the group
         entry = self.tests.setdefault(nodeid, TestResult(
             nodeid, props.get(DRIVE, self.target_specs[0])))
@@ -456,6 +492,10 @@ class QualSession:
         elif report.skipped and entry.outcome == "passed":
             entry.outcome = "skipped"
             entry.message = _short_message(report)
+        if report.when == "teardown":
+            line = self.eta.end(nodeid, entry.duration_s)
+            if self.distributed and self.config.option.verbose >= -1:
+                self.say(line)
 
     def build_record(self, spec: str) -> RunRecord:
         target = self.targets_reported.get(spec) or {"spec": spec}

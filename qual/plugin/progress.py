@@ -1,0 +1,90 @@
+"""What a person sees of a long run: a line per test with its place in the run, the time so far
+and an ETA from the plan (its rates learnt as the run goes), and a family's inner progress at
+most once every 10 s (one line rewritten in place on a terminal)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from qual.plan import CALIBRATION_LIMITS
+from qual.units import format_duration
+
+INNER_INTERVAL_S = 10.0  # a family's progress lines, at most one this often
+
+
+class Eta:
+    """The run's place and its estimated time to go: the plan's estimate of every test not yet
+    finished, scaled by how long the finished ones took against their own estimates."""
+
+    def __init__(self):
+        self.estimates: dict[str, float] = {}
+        self.took: dict[str, float] = {}
+        self.started: float | None = None
+        self.begun = 0
+
+    def plan(self, tests: list[dict]) -> None:
+        """Add a drive's planned tests (Plan.as_dict()["tests"])."""
+        for t in tests:
+            self.estimates.setdefault(t["id"], t["estimate_s"])
+
+    @property
+    def rate(self) -> float:
+        """How much longer than planned the finished tests took (1 before any finished)."""
+        planned = sum(self.estimates.get(i, 0.0) for i in self.took)
+        if planned <= 0:
+            return 1.0
+        lo, hi = CALIBRATION_LIMITS
+        return min(hi, max(lo, sum(self.took.values()) / planned))
+
+    def begin(self, nodeid: str) -> str:
+        """A test starts: `[i/N] test  elapsed …, ETA …`."""
+        self.started = self.started or time.monotonic()
+        self.begun += 1
+        return f"[{self.begun}/{len(self.estimates)}] {nodeid}  {self._times()}"
+
+    def end(self, nodeid: str, seconds: float) -> str:
+        """A test ended, having taken `seconds`: `[i/N] done test …` (what a run under xdist,
+        whose tests start on the workers, shows)."""
+        self.started = self.started or time.monotonic() - seconds
+        self.took[nodeid] = seconds
+        return f"[{len(self.took)}/{len(self.estimates)}] done {nodeid}  {self._times()}"
+
+    def _times(self) -> str:
+        elapsed = time.monotonic() - (self.started or time.monotonic())
+        left = sum(e for i, e in self.estimates.items() if i not in self.took) * self.rate
+        return f"elapsed {format_duration(elapsed)}, ETA {format_duration(left)}"
+
+
+class Inner:
+    """A family's progress messages: on a terminal one line rewritten in place; elsewhere the
+    first of each test at once, then at most one line every INNER_INTERVAL_S, and the last
+    one held back shown when the test ends."""
+
+    def __init__(self, write: Callable[[str], None], rewrite: Callable[[str], None] | None,
+                 newline: Callable[[], None] | None = None,
+                 interval: float = INNER_INTERVAL_S):
+        self.write, self.rewrite, self.newline, self.interval = write, rewrite, newline, interval
+        self.last = float("-inf")
+        self.held: str | None = None
+        self.open = False  # a rewritten line waits for its newline
+
+    def __call__(self, message: str) -> None:
+        if self.rewrite is not None:
+            self.rewrite(message)
+            self.open = True
+            return
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.write(message)
+            self.last, self.held = now, None
+        else:
+            self.held = message
+
+    def close(self) -> None:
+        """A test ended: the line in place is finished, or the last message held back shown."""
+        if self.open and self.newline is not None:
+            self.newline()
+        elif self.held is not None:
+            self.write(self.held)
+        self.last, self.held, self.open = float("-inf"), None, False
