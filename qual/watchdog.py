@@ -284,6 +284,29 @@ _REPORT_FD: int | None = None  # in a supervised child: where it says its exit s
 REAP_S = 0.5  # how long the supervisor waits for a child that said it is done to finish exiting
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def bind_to_parent(parent: int) -> None:
+    """This process dies (SIGKILL) when its parent `parent` ends, however it ends (kill -9,
+    the OOM killer): PR_SET_PDEATHSIG, which the kernel fires when the thread that started
+    this process ends, so only the main thread of a qual process starts children. Where the
+    parent is gone already (it died before this call), this process ends now."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def dies_with_me() -> Callable[[], None]:
+    """A Popen `preexec_fn`: the child qual starts (a checkpoint rank, the GNN gather server,
+    mkfs) dies with this process, so no process outlives its qual."""
+    parent = os.getpid()
+    return lambda: bind_to_parent(parent)
+
+
 def supervised(main: Callable[[], int]) -> int:
     """Run `main` in a child process and return its exit status, so that the command the user
     waits for always ends: a child whose threads sit in calls on dead storage cannot finish
@@ -292,7 +315,6 @@ def supervised(main: Callable[[], int]) -> int:
     child to the kernel, which reaps it once the storage answers or its connection is gone.
     The child has a process group of its own; Ctrl-C, SIGTERM and SIGHUP reach it through
     this process (once each), and it dies with this process."""
-    import ctypes
     import select
     import signal
     import sys
@@ -304,9 +326,7 @@ def supervised(main: Callable[[], int]) -> int:
     if pid == 0:  # the child: the command itself
         os.close(r)
         os.setpgid(0, 0)
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the supervisor died before prctl
-            os._exit(1)
+        bind_to_parent(parent)
         _REPORT_FD = w
         code = 1
         try:

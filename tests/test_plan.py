@@ -17,49 +17,7 @@ from pathlib import Path
 import pytest
 
 from qual.plan import calibration
-from testbed import TINY_PROFILE, needs_root, sh, sha256_of
-
-CI_DEVICE = 2 << 30  # a blank RAM-backed namespace large enough for the ci profile
-
-
-def qual(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qual.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def ram_device():
-    """Factory: a blank loop device over a file in /dev/shm (the host, not a disk, is the
-    limit); detached and its file removed afterwards."""
-    made = []
-
-    def make(size: int = CI_DEVICE) -> str:
-        backing = Path("/dev/shm") / f"qual-test-{os.getpid()}-{len(made)}.img"
-        with open(backing, "wb") as f:
-            f.truncate(size)
-        dev = sh("losetup", "--find", "--show", str(backing))
-        made.append((dev, backing))
-        return dev
-
-    yield make
-    for dev, backing in made:
-        subprocess.run(["umount", dev], capture_output=True)
-        subprocess.run(["losetup", "--detach", dev], capture_output=True)
-        backing.unlink(missing_ok=True)
-
-
-def serial_of(dev: str) -> str:
-    """A loop device's stand-in serial: its backing file."""
-    return sh("losetup", "--noheadings", "--output", "BACK-FILE", dev)
-
-
-def blank(dev: str) -> bool:
-    """blkid finds no signature (exit 2) and nothing has the device mounted or held."""
-    probe = subprocess.run(["blkid", "-p", dev], capture_output=True, text=True)
-    mounted = subprocess.run(["findmnt", "--source", dev], capture_output=True, text=True)
-    held = os.listdir(f"/sys/class/block/{Path(dev).name}/holders")
-    return probe.returncode == 2 and not mounted.stdout.strip() and not held
-
+from testbed import CI_DEVICE, TINY_PROFILE, blank, needs_root, qual, serial_of, sh, sha256_of
 
 def test_plan_lists_every_test_and_runs_nothing(tmp_path):
     proc = qual("run", "--profile", str(TINY_PROFILE), "--plan", "--json", cwd=tmp_path)

@@ -2,16 +2,22 @@
 it, a subset judges what it selects."""
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from qual import shipped
 from qual.plan import time_limit
 from qual.plugin.progress import Eta, Inner
-from testbed import TINY_PROFILE, cells_profile, load_record, needs_root, run_suite
+from testbed import (TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, needs_root, qual,
+                     run_suite, serial_of)
 
 
 def test_a_clones_own_test_timeout_never_reaches_a_qualification(tmp_path):
@@ -133,3 +139,114 @@ def test_a_run_says_where_it_is_and_keeps_a_familys_progress_short(tmp_path):
                          profile=shipped("thresholds") / "ci.toml")
     assert "requests served" not in quiet.stdout + quiet.stderr
     assert "[1/1]" in quiet.stdout
+
+
+# ------------------------------------------------------------------ no process outlives its qual
+
+
+def _tree(root: int) -> dict[int, str]:
+    """The live descendants of `root` (itself included): pid -> command line."""
+    parents, lines = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            parents[int(name)], lines[int(name)] = int(fields[1]), cmd
+    tree, grew = {root} & parents.keys(), True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return {p: lines[p] for p in tree}
+
+
+def _killed_midway(args: list[str], cwd: Path, ready) -> tuple[dict[int, str], str]:
+    """`qual ARGS` killed with SIGKILL once `ready(tree, output)` holds; returns the processes
+    of its tree still alive 2 s later, and what it said."""
+    log = cwd / "qual.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "qual.cli", *args], cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not ready(_tree(proc.pid), log.read_text()):
+        assert proc.poll() is None, f"qual ended before the phase: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    tree = _tree(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    time.sleep(2)
+    return {p: c for p, c in tree.items() if p in _tree(p)}, log.read_text()
+
+
+def _running(command: str):
+    return lambda tree, said: any(command in c for c in tree.values())
+
+
+def _started(test: str, after: float = 1.0):
+    """The test has been running `after` seconds ([i/N] line seen)."""
+    seen = {}
+
+    def ready(tree, said):
+        if re.search(rf"^\[\d+/\d+\] \S*{re.escape(test)}", said, re.M):
+            seen.setdefault("at", time.monotonic())
+        return "at" in seen and time.monotonic() - seen["at"] >= after
+    return ready
+
+
+RANKS = "qual.workloads.checkpoint.ranks"
+PHASES = {  # phase -> (qual run -k, profile, when to kill)
+    "checkpoint": ("checkpoint", TINY_ALL, _running(RANKS)),
+    "gnn": ("gnn and not gpu", TINY_ALL, _running("qual.workloads.gnn.mmap_server")),
+    "training": ("training", TINY_ALL, _started("test_training_io.py::", 0.5)),
+    "kvcache": ("kvcache", shipped("thresholds") / "ci.toml", _started("test_kvcache.py::")),
+}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_no_process_outlives_a_killed_qual_on_a_file_target(tmp_path, phase):
+    select, profile, ready = PHASES[phase]
+    (tmp_path / "drive").mkdir()
+    left, said = _killed_midway(["run", "--profile", str(profile), "--target",
+                                 str(tmp_path / "drive"), "-k", select], tmp_path, ready)
+    assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
+
+
+def test_no_rank_outlives_a_killed_checkpoint_restore(tmp_path):
+    (tmp_path / "drive").mkdir()
+    common = ["--model", "llama3.1-8b", "--tp", "2", "--scale", "0.002", "--passes", "1",
+              "--per-pass", "1", "--chunk-size", "1M"]
+    made = subprocess.run([sys.executable, "-m", "qual.cli", "checkpoint", "--target",
+                           str(tmp_path / "drive"), "--write-only", "--json", *common],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    (written,) = [p for p in (tmp_path / "drive").rglob("*") if p.is_dir() and
+                  any(p.glob("rank-*.bin"))]
+    left, said = _killed_midway(["checkpoint", "--read-only", str(written), *common], tmp_path,
+                                _running(RANKS))
+    assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
+
+
+@needs_root
+@pytest.mark.parametrize("phase", ["checkpoint", "kvcache"])
+def test_a_killed_qual_on_a_raw_namespace_leaves_no_process_no_hold_and_a_device_to_clean(
+        tmp_path, ram_device, phase):
+    """The checkpoint ranks write on qual's filesystem in the run's own mount namespace; the
+    KV cache writes the device itself. 2 s after kill -9 nothing of the run is left, the
+    device can be held exclusively again, and `qual clean` leaves it blank."""
+    select, profile, ready = PHASES[phase]
+    dev = ram_device()
+    left, said = _killed_midway(["run", "--profile", str(profile), "--target", dev, "-k",
+                                 select, "--qual-allow-destructive", "--qual-confirm-serial",
+                                 serial_of(dev)], tmp_path, ready)
+    assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
+    os.close(os.open(dev, os.O_RDONLY | os.O_EXCL))  # nothing holds it
+    cleaned = qual("clean", dev, cwd=tmp_path)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert blank(dev)

@@ -241,3 +241,26 @@ class Misbehaving:
         self.daemon.kill()  # the connection aborts: requests still waiting fail
         self.daemon.wait(timeout=10)
         subprocess.run(["umount", "-l", str(self.point)], capture_output=True)
+
+
+# ------------------------------------------------------------------ raw namespaces
+
+CI_DEVICE = 2 << 30  # a blank RAM-backed namespace large enough for the ci profile
+
+
+def qual(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qual.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def serial_of(dev: str) -> str:
+    """A loop device's stand-in serial: its backing file."""
+    return sh("losetup", "--noheadings", "--output", "BACK-FILE", dev)
+
+
+def blank(dev: str) -> bool:
+    """blkid finds no signature (exit 2) and nothing has the device mounted or held."""
+    probe = subprocess.run(["blkid", "-p", dev], capture_output=True, text=True)
+    mounted = subprocess.run(["findmnt", "--source", dev], capture_output=True, text=True)
+    held = os.listdir(f"/sys/class/block/{Path(dev).name}/holders")
+    return probe.returncode == 2 and not mounted.stdout.strip() and not held

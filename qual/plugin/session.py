@@ -101,6 +101,7 @@ class QualSession:
             # workers re-parse the original command line, which may lack --dist loadgroup;
             # the controller always schedules by group, so the workers must name the groups
             opt.loadgroup = True
+            watchdog.bind_to_parent(os.getppid())  # a worker dies with the run that started it
         self.worker = getattr(config, "workerinput", {}).get("workerid")
         self.results_dir = Path(opt.qual_results)
         self._targets: dict[str, Target] = {}

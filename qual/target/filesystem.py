@@ -21,6 +21,7 @@ import time
 import uuid as uuids
 from pathlib import Path
 
+from qual import watchdog
 from qual.errors import QualError
 
 # ext4 without lazy initialisation: its inode tables and journal are written by mkfs, not by a
@@ -73,7 +74,8 @@ def private_mounts() -> None:
 
 def _tool(cmd: list[str], what: str, timeout: float = TOOL_TIMEOUT_S) -> str:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=watchdog.dies_with_me())
     except FileNotFoundError:
         raise QualError(errno.ENOENT, f"{what} needs {cmd[0]}, which is not installed",
                         target=cmd[-1]) from None

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from qual import watchdog
 from qual.engine import NoSpace, QualError, TargetUnavailable, error_for
 from qual.target import Target
 from qual.workloads.checkpoint import ranks
@@ -69,7 +70,8 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
         # rank 0's lines reach the user through the launcher, never its stdout or stderr: a rank
         # stuck on storage that stopped answering cannot exit, and would hold them open
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", RANK_MAIN, str(job_path)], env=env, stdout=log, stderr=log))
+            [sys.executable, "-c", RANK_MAIN, str(job_path)], env=env, stdout=log, stderr=log,
+            preexec_fn=watchdog.dies_with_me()))
         log.close()
     try:
         while any(p.poll() is None for p in procs):

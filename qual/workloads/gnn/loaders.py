@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qual import engine
+from qual import engine, watchdog
 from qual.engine import QualError
 from qual.workloads.gnn.graph import Graph, Sample, sample
 from qual.workloads.gnn.igbh import FEATURE_DIM, NODE_TYPES
@@ -408,11 +408,12 @@ class _GatherServer:
         # its stderr is a file of its own, not the user's: a server stuck on storage that
         # stopped answering cannot exit, and would hold the user's pipe open (ARCHITECTURE §4)
         errors = tempfile.TemporaryFile()
+        dies = watchdog.dies_with_me()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "qual.workloads.gnn.mmap_server", str(store.path),
              str(store.rows), str(store.row_stride), str(store.row_bytes), str(FEATURE_DIM)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-            preexec_fn=lambda: Path(procs).write_text(str(os.getpid())))
+            preexec_fn=lambda: (dies(), Path(procs).write_text(str(os.getpid()))))
         if self.proc.stdout.readline().strip() != b"ready":
             self.close()
             errors.seek(0)
