@@ -192,7 +192,12 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
         room = rooms.room(family)
         written = read = space = 0
         seconds = longest = PER_TEST_S
-        for w in family.plan(tables[s.family], s.test, s.param, replace(rates, room=room)):
+        works = family.plan(tables[s.family], s.test, s.param, replace(rates, room=room))
+        # what qual writes before the test's first read: a file target's scratch file; on a
+        # block device, the region a raw test reads (blocks this run wrote)
+        fills = where == "file" and not family.filesystem or \
+            where == "raw" and any(w.bytes_read for w in works)
+        for w in works:
             if w.space:
                 space = max(space, w.space)
                 if room is not None and w.space > room:
@@ -206,8 +211,8 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
             written, read = written + times * w.bytes_written, read + times * w.bytes_read
             seconds += times * w.seconds
             longest += times * (w.seconds if w.longest is None else w.longest)
-            if where == "file" and not family.filesystem and w.space > filled:
-                fill = w.space - filled  # the scratch file, written once before it is read
+            if fills and w.space > filled:
+                fill = w.space - filled  # written once, before it is read
                 written += fill
                 seconds += fill / rates.write_bw
                 longest += fill / rates.write_bw
@@ -228,7 +233,8 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
                             f"{format_size(rooms.fs_room)} qual's filesystem offers")
     if needs_fs and filesystem:
         refusals += _filesystem_refusals(filesystem["type"])
-    if block and (needs_fs or any(s.destructive for s in chosen)):
+    if block and (needs_fs or any(s.destructive or t.bytes_written
+                                  for s, t in zip(chosen, tests))):
         for r in guard_refusals(str(target.path), target.identity,
                                 allow_destructive=target.allow_destructive,
                                 confirm_serial=target.confirm_serial,
@@ -339,8 +345,8 @@ def _free(target: Target) -> int:
 
 def _filled(target: Target) -> int:
     """Bytes of the scratch file already written (a kept one is reused)."""
-    if target.kind == "block":
-        return 1 << 62  # a device holds real blocks everywhere
+    if target.kind == "block":  # a qualification's reads read blocks the run wrote first
+        return target.written if target.fill_reads else 1 << 62
     owned = scratch.prove(target.path) if target.path.exists() else None
     return owned.written if owned else 0
 

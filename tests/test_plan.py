@@ -25,7 +25,7 @@ def test_plan_lists_every_test_and_runs_nothing(tmp_path):
     plan = json.loads(proc.stdout)
     assert plan["refusals"] == [] and plan["kind"] == "file"
     ids = [t["id"] for t in plan["tests"]]
-    assert "suites/test_bandwidth.py::test_cell[seq_read-64K-qd4]" in ids
+    assert "test_bandwidth.py::test_cell[seq_read-64K-qd4]" in ids  # relative to suites/
     for t in plan["tests"]:
         assert {"id", "family", "bytes_written", "bytes_read", "estimate_s", "where"} <= set(t)
     cells = [t for t in plan["tests"] if "test_cell" in t["id"]]
@@ -86,7 +86,7 @@ def test_a_small_raw_namespace_is_refused_before_any_io(tmp_path, ram_device):
     assert proc.returncode == 4, said[-3000:]
     assert "Traceback" not in said and "no tests ran" in said
     assert "the bandwidth region (bandwidth.size) needs 64 GiB; the device holds 2 GiB" in said
-    assert "suites/test_bandwidth.py::test_cell[seq_read-1M-qd128-r1]" in said  # 5 repeats
+    assert "test_bandwidth.py::test_cell[seq_read-1M-qd128-r1]" in said  # 5 repeats
     for family in ("integrity", "PTS", "checkpoint", "IGBH", "dataset"):
         assert family in said
     assert sha256_of(dev) == before

@@ -143,6 +143,7 @@ class QualSession:
                                     "(--qual-baseline-any to gate against it anyway)",
                                     target=spec)
             t.progress = self.progress
+            t.fill_reads = True  # a read test reads blocks this run wrote (README, "Safety")
             self._targets[spec] = t
         return self._targets[spec]
 

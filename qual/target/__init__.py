@@ -84,6 +84,10 @@ class Target:
         self._default = spec is None  # .qual/ is made when the scratch file is first needed
         self.inode: tuple[int, int] | None = None  # what prepared jobs may open (checked)
         self._claim_fd: int | None = None  # a block device held exclusively for writes
+        # a qualification's reads of a block device read blocks this run wrote (the plugin
+        # sets it; `qual io` reads what the device holds, as fio does): [0, written) is done
+        self.fill_reads = False
+        self.written = 0
         self._lock_fd: int | None = None
         self.kind, self.path = _locate(Path(self.spec), self._default)
         self._check_access()
@@ -177,15 +181,18 @@ class Target:
 
     # ---- preparing for I/O
 
-    def ensure_data(self, size: int) -> None:
-        """Make [0, size) hold real data written once, so reads hit real blocks; afterwards
-        `inode` names what jobs may open."""
+    def ensure_data(self, size: int, *, reads: bool = True) -> None:
+        """Make [0, size) hold real data written once, so reads hit real blocks (on a block
+        device, with `fill_reads`, blocks this run wrote); afterwards `inode` names what jobs
+        may open."""
         if size > self.capacity:
             raise NoSpace(errno.ENOSPC, f"needs {format_size(size)}, {self.offer()}",
                           target=self.spec)
         if self.kind == "block":
             st = os.stat(self.path)
             self.inode = (st.st_dev, st.st_ino)
+            if reads and self.fill_reads and self.written < size:
+                self._fill_device(size)
             return
         owned = scratch.prove(self.path)
         if owned is None and os.path.lexists(self.path):
@@ -198,9 +205,22 @@ class Target:
         self.inode = owned.inode
         if owned.written >= size:
             return
-        start = owned.written // FILL_BLOCK * FILL_BLOCK
         end = -(-size // FILL_BLOCK) * FILL_BLOCK
+        self._fill(owned.written // FILL_BLOCK * FILL_BLOCK, end)
+        scratch.mark(owned, end)
 
+    def _fill_device(self, size: int) -> None:
+        """A block device's reads read what this run wrote: [written, size) is written once
+        with incompressible data first (a drive answers deallocated blocks without touching its
+        media), after the guard and under the exclusive hold."""
+        self.check_guard()
+        self.claim()
+        end = min(self.capacity, -(-size // FILL_BLOCK) * FILL_BLOCK)
+        self._fill(self.written // FILL_BLOCK * FILL_BLOCK, end)
+        self.written = end
+
+    def _fill(self, start: int, end: int) -> None:
+        """[start, end) written sequentially with the fill's data, made durable."""
         def filled(done: int, _ops: int, seconds: float) -> None:
             if self.progress:
                 self.progress(f"filling {self.path}: {format_size(start + done)} of "
@@ -209,9 +229,8 @@ class Target:
         engine.run_job(IoJob(target=str(self.path), op="write", pattern="sequential",
                              block_size=FILL_BLOCK, queue_depth=FILL_DEPTH, offset=start,
                              size=end - start, bytes=end - start, seed=FILL_SEED,
-                             align=self.align, expect=owned.inode),
+                             align=self.align, expect=self.inode),
                        progress=filled, interval=5.0)
-        scratch.mark(owned, end)
 
     def _check_foreign_file(self, size: int) -> tuple[int, int]:
         """A file qual did not create, to be read only: a regular file, big enough, not
@@ -239,7 +258,8 @@ class Target:
                                     "only files it created (give a directory or a new file name)",
                                     target=self.spec)
         # writes overwrite allocated blocks: allocation is not what a drive is qualified on
-        self.ensure_data(size)
+        # (a device's blocks need no fill under a write)
+        self.ensure_data(size, reads=False)
 
     def check_guard(self) -> None:
         """UnsafeTarget, naming every rule, unless the guard allows writing to this block

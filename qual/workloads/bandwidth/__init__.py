@@ -163,6 +163,7 @@ def precondition(target: Target, table: dict, passes: int, progress=None) -> Non
     if progress:
         progress(f"preconditioning {target.spec}: {passes} x {size >> 20} MiB sequential writes")
     engine.run_job(job)
+    target.written = max(target.written, size)  # its reads need no fill of their own
     _preconditioned.add(key)
 
 

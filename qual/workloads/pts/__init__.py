@@ -152,6 +152,7 @@ def purge(target: Target, table: dict) -> dict:
         return {"done": False, "caveat": f"no purge: {target.spec} is {what}; the tests start "
                                          "from what the drive holds (PTS asks for a purged "
                                          "device)"}
+    target.written = 0  # the format deallocates every block: a read would read nothing
     return nvme.format_namespace(target, ses=1, guard_other=lambda path: Target(
         path, allow_destructive=target.allow_destructive, confirm_serial=target.confirm_serial,
         consent_flags=target.consent_flags).check_guard())
@@ -167,6 +168,7 @@ def precondition(target: Target, table: dict) -> dict:
             op="write", pattern="sequential", block_size=WIPC_BS, queue_depth=32,
             size=region, bytes=passes * region, backend=table["backend"],
             command_timeout=table["command_timeout"])))
+        target.written = max(target.written, region)  # its reads need no fill of their own
     return {"passes": passes, "bytes": passes * region, "block_size": WIPC_BS}
 
 
