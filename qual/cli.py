@@ -19,6 +19,7 @@ from pathlib import Path
 from qual import command, engine, record, report, shipped, units, watchdog
 from qual.judge import EXIT_INCONCLUSIVE
 from qual.engine import QualError
+from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.session import LAST_RECORD
 from qual.record import RECORD_NAME
 from qual.target import Target
@@ -130,9 +131,14 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--target", action="append", default=None,
                      help="file, directory or block device; several for a rig's drives")
-    run.add_argument("--profile", default="ci", help="profile name or .toml path (default ci)")
-    run.add_argument("--results", default="qual-results",
+    run.add_argument("--profile", default=None, help="profile name or .toml path (default ci)")
+    run.add_argument("--results", default=None,
                      help="folder for qual-run.json and allure-results/ (default qual-results)")
+    run.add_argument("--resume", default=None, metavar="RESULTS",
+                     help="continue the run whose results folder this is (killed, stopped, "
+                          "the host rebooted): the tests it finished are kept, the rest of its "
+                          "plan runs; its profile and drives unless given (refused for another "
+                          "profile, drive serial or firmware, or qual version)")
     run.add_argument("--plan", action="store_true",
                      help="print what the run would do (tests, bytes, estimated seconds) and "
                           "every reason it cannot go ahead; run nothing (exit 4 if refused)")
@@ -473,13 +479,26 @@ def cmd_compare(args) -> int:
 def cmd_run(args, extra: list[str], families: dict) -> int:
     import pytest
 
-    results = Path(args.results)
+    if args.resume and args.results and Path(args.results) != Path(args.resume):
+        print("qual run: error: --resume RESULTS is the results folder; --results names "
+              "another", file=sys.stderr)
+        return 4
+    results = Path(args.resume or args.results or "qual-results")
     alluredir = results / "allure-results"
+    profile, targets = args.profile or "ci", args.target or ()
+    if args.resume:
+        try:
+            run = resumed_run(results)
+        except ValueError as e:
+            print(f"qual run: error: --resume: {e}", file=sys.stderr)
+            return 4
+        profile, targets = args.profile or run["profile"], args.target or run["targets"]
+        extra = [*extra, "--qual-resume"]
     suites = [str(shipped("suites"))] + [str(f.suite) for f in families.values() if f.suite]
     # qual's own pytest settings, whatever folder it runs from (suites/pytest.ini)
-    argv = [*suites, "-c", str(shipped("suites") / "pytest.ini"), f"--qual-profile={args.profile}",
+    argv = [*suites, "-c", str(shipped("suites") / "pytest.ini"), f"--qual-profile={profile}",
             f"--qual-results={results}", "-p", "no:cacheprovider", "-p", "no:benchmark"]
-    argv += [f"--qual-target={t}" for t in args.target or ()]
+    argv += [f"--qual-target={t}" for t in targets]
     if args.plan:
         return _plan(argv + extra, args.json)
     if args.json:
@@ -493,13 +512,28 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
                              "was written:\n" + "".join(f"  - {r}\n" for p in doc.get(
                                  "drives", [doc]) for r in p["refusals"]))
             return code
-    # Allure results accumulate across runs: start clean, here and not under xdist workers.
-    # The last record stays beside the new one's place: the plan's estimates learn from it.
-    shutil.rmtree(alluredir, ignore_errors=True)
-    for old in [results / RECORD_NAME, *results.glob(f"*/{RECORD_NAME}")]:
-        if old.exists():
-            old.replace(old.with_name(LAST_RECORD))
+    if not args.resume:
+        # Allure results accumulate across runs: start clean, here and not under xdist
+        # workers. The last record stays beside the new one's place: the plan's estimates
+        # learn from it. A journal left by a killed run is no longer this folder's to resume.
+        shutil.rmtree(alluredir, ignore_errors=True)
+        for old in [results / RECORD_NAME, *results.glob(f"*/{RECORD_NAME}")]:
+            if old.exists():
+                old.replace(old.with_name(LAST_RECORD))
+        for old in [results / JOURNAL_NAME, *results.glob(f"*/{JOURNAL_NAME}")]:
+            old.unlink(missing_ok=True)
     return int(pytest.main(argv + [f"--alluredir={alluredir}"] + extra))
+
+
+def resumed_run(results: Path) -> dict:
+    """The profile and drives of the run whose journal(s) a results folder holds (ValueError
+    when it holds none: nothing to resume)."""
+    found = [results / JOURNAL_NAME, *sorted(results.glob(f"*/{JOURNAL_NAME}"))]
+    journals = [Journal.load(p) for p in found if p.exists()]
+    if not journals:
+        raise ValueError(f"{results} holds no journal ({JOURNAL_NAME}): nothing to resume (a "
+                         "finished run leaves its record, not a journal)")
+    return journals[0].header["run"]
 
 
 def _collect_plan(argv: list[str]) -> tuple[int, dict | None, str]:

@@ -79,6 +79,18 @@ class Measurement:
     def shown(self, unit: str | None = None) -> str:
         return units.format_quantity(self.value, unit, dimension=self.dimension)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Measurement:
+        """A measurement a record or journal kept (as_dict), for what reads it back in a run:
+        the judge of a later repetition, the charts. Its typed fields stay in `context`."""
+        return cls(id=d["id"], family=d["family"], metric=d["metric"], params=d["params"],
+                   value=d["value"], unit=d["unit"], dimension=d["dimension"],
+                   better=d["better"], context=dict(d.get("context", {})),
+                   samples={int(k): v for k, v in d["samples"].items()}
+                   if isinstance(d.get("samples"), dict) else d.get("samples"),
+                   resolved=d.get("resolved", True),
+                   comparable=d.get("comparable", True))
+
 
 def measure(family: str, metric: Metric, params: dict, value: float, *,
             context: dict | None = None, samples: object = None, resolved: bool = True,
@@ -378,11 +390,20 @@ def qual_version() -> str:
 
 
 def write_record(path: Path, record: dict) -> None:
-    """Write atomically: a reader never sees half a record."""
+    """Write atomically and durably: a reader never sees half a record, and once this returns
+    a power loss keeps it (the file and its folder's entry synced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=False, default=str))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record, indent=2, sort_keys=False, default=str))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 @dataclass
@@ -405,6 +426,7 @@ class RunRecord:
     plan: dict | None = None
     stalled: dict | None = None
     interrupted: str | None = None
+    resumed: list[dict] | None = None  # each resumption: when, and how many tests it kept
     schema: str = SCHEMA
     qual_version: str = field(default_factory=lambda: qual_version())
     host: dict = field(default_factory=lambda: host_info())
@@ -417,7 +439,8 @@ class RunRecord:
                "tests": [t.as_dict() for t in self.tests], "plan": self.plan,
                "summary": self.summary}
         out.update({k: v for k, v in (("stalled", self.stalled),
-                                      ("interrupted", self.interrupted)) if v is not None})
+                                      ("interrupted", self.interrupted),
+                                      ("resumed", self.resumed)) if v is not None})
         return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
@@ -397,9 +398,36 @@ def write_stopped_results(alluredir: Path, stopped: list[tuple], drive: str) -> 
                   "stage": "finished", "statusDetails": {"message": message},
                   "start": now, "stop": now,
                   "labels": [{"name": "epic", "value": family or "qual"},
-                             {"name": "framework", "value": "qual"}],
+                             {"name": "framework", "value": "qual"},
+                             {"name": NODEID_LABEL, "value": nodeid}],
                   "parameters": [{"name": "drive", "value": drive}]}
         (alluredir / f"{result['uuid']}-result.json").write_text(json.dumps(result, indent=1))
+
+
+NODEID_LABEL = "qual_test"  # the pytest node id on every qual test's Allure result
+
+
+def forget_unfinished(alluredir: Path, finished: set[str]) -> int:
+    """Before a run resumes: the Allure results of tests its journal does not hold as finished
+    (the one in flight when it was killed) and the run's global summary go, so the resumed
+    run's results hold each test once and one summary. Returns the files removed."""
+    removed = 0
+    for path in alluredir.glob("*-result.json"):
+        try:
+            labels = json.loads(path.read_text()).get("labels", [])
+        except (OSError, ValueError):
+            labels = []
+        ids = {lab.get("value") for lab in labels if lab.get("name") == NODEID_LABEL}
+        if not ids & finished:
+            path.unlink()
+            removed += 1
+    for path in alluredir.glob("*-globals.json"):
+        with contextlib.suppress(OSError, ValueError):
+            for att in json.loads(path.read_text()).get("attachments", []):
+                (alluredir / att["source"]).unlink(missing_ok=True)
+        path.unlink()
+        removed += 1
+    return removed
 
 
 ATTENTION = ("FAIL", "REGRESSED", "INCONCLUSIVE", "NOT JUDGED", "UNVERIFIED")

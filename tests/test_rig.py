@@ -299,3 +299,82 @@ def test_raw_reads_read_blocks_the_run_wrote(tmp_path, ram_device):
         assert f.read(4096).count(0) < 4096
         f.seek(256 << 20)
         assert f.read(1 << 20) == bytes(1 << 20)
+
+
+# ------------------------------------------------------------------ resume
+
+RESUMED = """[profile]
+extends = "{tiny_all}"
+description = "tests: repeated cells, a shared-outcome suite and integrity, to kill and resume"
+repeats = 2
+"""
+
+
+def _journaled(results: Path) -> int:
+    try:
+        return len(json.loads((results / "qual-journal.json").read_text())["tests"])
+    except (OSError, ValueError):
+        return 0
+
+
+def test_a_run_killed_at_any_point_resumes_to_the_same_tests_and_verdict(tmp_path):
+    """kill -9 after the first test, in the middle of the repeated cells and inside the
+    training suite (whose tests share one run); each resumed run has the uninterrupted run's
+    tests, each once in the record and in the Allure results, and its verdict."""
+    profile = tmp_path / "resumed.toml"
+    profile.write_text(RESUMED.format(tiny_all=TINY_ALL))
+    select = ["-k", "bandwidth or training or integrity"]
+    whole = qual("run", "--profile", str(profile), *select, "--results", "whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    expected = load_record(tmp_path / "whole")
+    ids = [t["nodeid"] for t in expected["tests"]]
+    training = next(i for i, n in enumerate(ids) if "test_training_io.py" in n)
+    for point in (1, len(ids) // 3, training + 1):
+        results = tmp_path / f"killed-at-{point}"
+        proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "run", "--profile",
+                                 str(profile), *select, "--results", results.name],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while _journaled(results) < point:
+            assert proc.poll() is None and time.monotonic() < deadline, point
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait()
+        assert not (results / "qual-run.json").exists()
+        kept = _journaled(results)
+        assert point <= kept < len(ids)
+        resumed = qual("run", "--resume", str(results), cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+        record = load_record(results)
+        assert sorted(t["nodeid"] for t in record["tests"]) == sorted(ids), point
+        assert record["summary"]["verdict"] == expected["summary"]["verdict"] == "PASS"
+        assert [r["tests_kept"] for r in record["resumed"]] == [kept]
+        assert record["started"] < record["finished"] and record["plan"]["tests"]
+        allure = [json.loads(p.read_text()) for p in (results / "allure-results").glob(
+            "*-result.json")]
+        named = sorted(lab["value"] for d in allure for lab in d["labels"]
+                       if lab["name"] == "qual_test")
+        assert named == sorted(ids), point
+        assert not (results / "qual-journal.json").exists()  # finished: the record stands
+
+
+def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
+    results = tmp_path / "qual-results"
+    proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "run", "--profile",
+                             str(TINY_ALL), "-k", "training"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while _journaled(results) < 1:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    other = qual("run", "--resume", str(results), "--profile", str(TINY_PROFILE), cwd=tmp_path)
+    assert other.returncode == 4 and "profile name: the journal's is tiny-all, this run's tiny" \
+        in other.stdout + other.stderr, other.stdout[-2000:] + other.stderr
+    assert _journaled(results) >= 1  # nothing of the journal lost
+    done = qual("run", "--resume", str(results), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:]
+    again = qual("run", "--resume", str(results), cwd=tmp_path)
+    assert again.returncode == 4 and "nothing to resume" in again.stderr

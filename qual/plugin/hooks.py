@@ -16,7 +16,7 @@ from __future__ import annotations
 import allure
 import pytest
 
-from qual import thresholds
+from qual import report, thresholds
 from qual.errors import DeviceIoError, Stalled, errno_name
 from qual.plugin.recorder import Recorder
 from qual.plugin.session import (DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY,
@@ -66,6 +66,10 @@ def pytest_addoption(parser):
     g.addoption("--qual-fit", action="store_true",
                 help="scale a region or dataset larger than the target down to fit it (every "
                      "scaled figure carries a CAVEAT), instead of refusing the run")
+    g.addoption("--qual-resume", action="store_true",
+                help="continue the run whose journal is in --qual-results (killed, stopped): "
+                     "the tests it finished are kept, the rest run; refused for another "
+                     "profile, drive serial or firmware, or qual version")
     g.addoption("--qual-plan", default=None, metavar="FILE",
                 help="make the run's plan (tests, bytes, estimated seconds, refusals), write it "
                      "to FILE as JSON (- for stdout) and run nothing")
@@ -238,6 +242,7 @@ def _label(rec: Recorder) -> None:
     allure.dynamic.title(f"{rec.item.name} on {drive}")
     allure.dynamic.parameter("drive", drive)
     allure.dynamic.parameter("profile", session.profile.name)
+    allure.dynamic.label(report.NODEID_LABEL, rec.item.nodeid)  # what a resumed run keeps
 
 
 @pytest.hookimpl(wrapper=True)

@@ -18,12 +18,14 @@ import pytest
 from qual import engine, report, thresholds, watchdog
 from qual.engine import QualError
 from qual.plan import Plan, Selected, make_plan
-from qual.target.filesystem import OPTIONS as MKFS_OPTIONS, QualFilesystem, private_mounts
+from qual.target.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, erase_leftover,
+                                   private_mounts)
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE
+from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.progress import Eta, Inner
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
 from qual.record import (RECORD_NAME, Baseline, Measurement, RunRecord, TestResult, drive_model,
-                         summarize, write_record)
+                         qual_version, summarize, write_record)
 from qual.target import DEFAULT_TARGET, Target, drive_label
 from qual.workloads import registry
 
@@ -122,6 +124,7 @@ class QualSession:
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
         self.raw = {spec for spec in specs if _is_block(spec)}
+        self.journals = {spec: self._journal(spec, opt.qual_resume) for spec in specs}
         if self.raw and os.geteuid() == 0:
             # now, while this process has one thread: the filesystem qual may make on the
             # device is mounted where only this process sees it (target/filesystem.py)
@@ -146,6 +149,31 @@ class QualSession:
             t.fill_reads = True  # a read test reads blocks this run wrote (README, "Safety")
             self._targets[spec] = t
         return self._targets[spec]
+
+    def _journal(self, spec: str, resume: bool) -> Journal:
+        """The drive's journal beside its record (qual.plugin.journal). Resuming, the tests it
+        holds are this run's already: their results, and their measurements for the judging
+        of later repetitions; the run's start and its first plan are the journal's."""
+        path = self.record_path(spec).with_name(JOURNAL_NAME)
+        if not resume:
+            return Journal(path)
+        try:
+            journal = Journal.load(path)
+        except ValueError as e:
+            raise pytest.UsageError(f"--qual-resume: {e}") from None
+        said = journal.differences(self.profile.as_dict(), None)
+        if said:
+            raise pytest.UsageError(f"--qual-resume {path}: another run's journal: "
+                                    + "; ".join(said))
+        for t in journal.results(spec):
+            self.tests[t.nodeid] = t
+        self.measurements[spec] = [Measurement.from_dict(m) for t in journal.tests.values()
+                                   for m in t["measurements"]]
+        self.targets_reported[spec] = journal.header["target"]
+        self.started = journal.header["started"]
+        if self.controller and not self.config.option.qual_plan:
+            journal.resumed(len(journal.tests))
+        return journal
 
     @property
     def repeats(self) -> int:
@@ -299,6 +327,11 @@ class QualSession:
         if self.raw:
             items[:] = sorted(items, key=lambda it: self.spec_of(it) in self.raw and
                               self.where(self.spec_of(it), self.family_of(it)) == "filesystem")
+        if self.config.option.qual_resume:  # the journal's plan, less what it finished
+            planned = {t["id"] for j in self.journals.values()
+                       for t in (j.header["target"].get("plan") or {}).get("tests", ())}
+            done = {n for j in self.journals.values() for n in j.tests}
+            items[:] = [it for it in items if it.nodeid in planned - done]
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session):
@@ -308,6 +341,8 @@ class QualSession:
         opt = self.config.option
         if not session.items or (opt.collectonly and not opt.qual_plan):
             return
+        if opt.qual_resume:
+            self._may_resume(bool(opt.qual_plan))
         selected: dict[str, list[Selected]] = {spec: [] for spec in self.target_specs}
         for item in session.items:
             if not QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -358,6 +393,36 @@ class QualSession:
         for item in items:
             if item.nodeid in limits:
                 item.add_marker(pytest.mark.timeout(limits[item.nodeid]))
+
+    def _may_resume(self, plan_only: bool) -> None:
+        """Resuming: each drive is the journal's (serial, firmware), or the run ends here with
+        exit 4 saying which differs. On a raw namespace, the filesystem the killed run left
+        (qual's, by its label) is erased first, unless only planning."""
+        for spec, journal in self.journals.items():
+            said = journal.differences(self.profile.as_dict(),
+                                       self.open_target(spec).identity.as_dict())
+            if said:
+                pytest.exit(f"qual: --qual-resume {journal.path}: another drive or run: "
+                            + "; ".join(said), returncode=EXIT_REFUSED)
+            if spec in self.raw and not plan_only:
+                with contextlib.suppress(QualError):  # not qual's: the guard names it
+                    erase_leftover(spec)
+        alluredir = getattr(self.config.option, "allure_report_dir", None)
+        if alluredir and self.controller and not plan_only and Path(alluredir).is_dir():
+            report.forget_unfinished(Path(alluredir), {n for j in self.journals.values()
+                                                       for n in j.tests})
+
+    def _finished(self, spec: str, entry: TestResult) -> None:
+        """A test ended: its result goes to the drive's journal, on disk before the next."""
+        journal = self.journals[spec]
+        if not journal.header:
+            profile = self.profile.as_dict()
+            journal.header = {"profile": {k: profile[k] for k in ("name", "digest")},
+                              "qual_version": qual_version(), "started": self.started,
+                              "target": self.targets_reported.get(spec, {"spec": spec}),
+                              "run": {"profile": self.config.option.qual_profile,
+                                      "targets": self.config.option.qual_target or []}}
+        journal.finished(entry)
 
     def pytest_deselected(self, items):
         self.deselected += items
@@ -495,6 +560,7 @@ class QualSession:
             entry.outcome = "skipped"
             entry.message = _short_message(report)
         if report.when == "teardown":
+            self._finished(entry.drive, entry)
             line = self.eta.end(nodeid, entry.duration_s)
             if self.distributed and self.config.option.verbose >= -1:
                 self.say(line)
@@ -512,7 +578,8 @@ class QualSession:
             tests=tests, summary=summarize(tests, self.profile, target.get("plan")),
             started=self.started,
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=self.config.option.qual_seed,
-            baseline=str(baseline.path) if baseline else None, plan=target.get("plan"))
+            baseline=str(baseline.path) if baseline else None, plan=target.get("plan"),
+            resumed=self.journals[spec].header.get("resumed"))
 
     def record_path(self, spec: str) -> Path:
         """results/qual-run.json; with several drives, results/<drive>/qual-run.json."""
@@ -543,7 +610,15 @@ class QualSession:
                                              drive=self.drive_label_of(record, spec))
         if alluredir and self.records:
             report.write_allure_metadata(Path(alluredir), [r for _, r in self.records.values()])
+        for spec, (_, record) in self.records.items():
+            planned = {t["id"] for t in (record.get("plan") or {}).get("tests", ())}
+            if planned <= {t.nodeid for t in self.tests.values()} and not interrupted:
+                self.journals[spec].path.unlink(missing_ok=True)  # done: the record stands
         verdicts = {r["summary"]["verdict"] for _, r in self.records.values()}
+        if self.config.option.qual_resume and session.exitstatus in (
+                pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            # the tests the journal kept count as much as this run's
+            session.exitstatus = 1 if verdicts & {"FAIL", "ERROR"} else 0
         if session.exitstatus == 0 and "INCOMPLETE" in verdicts:
             session.exitstatus = EXIT_INCOMPLETE  # every test passed, yet a criterion was not judged
         elif session.exitstatus == 0 and "INCONCLUSIVE" in verdicts:

@@ -1,0 +1,75 @@
+"""A run's journal: each finished test's result on disk as it finishes (atomically, synced),
+beside the run record it will become, so that a run killed at any moment (kill -9, a power
+loss, a reboot) loses at most the test in flight, and `qual run --resume` continues it with
+the same profile, drive, firmware and qual (docs/ARCHITECTURE.md, "Resume")."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qual.record import TestResult, qual_version, write_record
+
+JOURNAL_NAME = "qual-journal.json"
+SCHEMA = "qual-journal/1"
+
+
+@dataclass
+class Journal:
+    """What a run has finished on one drive: its header (profile, drive, qual, when it
+    started, its plan) and every finished test's result, by node id."""
+
+    path: Path
+    header: dict = field(default_factory=dict)
+    tests: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> Journal:
+        """ValueError, saying why, when there is none or it cannot be read."""
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{path} does not exist: nothing to resume (a finished run "
+                             "leaves its record, not a journal)") from None
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} cannot be read: {e}") from None
+        if doc.get("schema") != SCHEMA:
+            raise ValueError(f"{path} is not a qual journal ({SCHEMA})")
+        return cls(path, doc["header"], doc["tests"])
+
+    def finished(self, result: TestResult) -> None:
+        """A test finished: its result reaches the disk before the next test starts."""
+        self.tests[result.nodeid] = result.as_dict()
+        self.save()
+
+    def save(self) -> None:
+        write_record(self.path, {"schema": SCHEMA, "header": self.header, "tests": self.tests})
+
+    def results(self, drive: str) -> list[TestResult]:
+        return [TestResult(drive=drive, **t) for t in self.tests.values()]
+
+    def resumed(self, kept: int) -> None:
+        self.header.setdefault("resumed", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tests_kept": kept})
+        self.save()
+
+    def differences(self, profile: dict, identity: dict | None) -> list[str]:
+        """Why this run cannot continue the journal's: another profile (name or content),
+        drive serial, firmware or qual version, each named."""
+        said = []
+        theirs = self.header.get("profile", {})
+        for key in ("name", "digest"):
+            if theirs.get(key) != profile.get(key):
+                said.append(f"profile {key}: the journal's is {theirs.get(key)}, this run's "
+                            f"{profile.get(key)}")
+        drive = (self.header.get("target") or {}).get("identity") or {}
+        for key in ("serial", "firmware"):
+            if identity is not None and drive.get(key) != identity.get(key):
+                said.append(f"drive {key}: the journal's is {drive.get(key)}, this drive's "
+                            f"{identity.get(key)}")
+        if self.header.get("qual_version") != qual_version():
+            said.append(f"qual version: the journal's is {self.header.get('qual_version')}, "
+                        f"this qual's {qual_version()}")
+        return said
