@@ -378,3 +378,47 @@ def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     again = qual("run", "--resume", str(results), cwd=tmp_path)
     assert again.returncode == 4 and "nothing to resume" in again.stderr
+
+
+# ------------------------------------------------------------------ a rig of drives
+
+COMMAND_TIMEOUT = 2.0
+
+
+@needs_root
+def test_one_drive_of_a_rig_stops_and_fails_alone(tmp_path, ram_device, misbehaving):
+    """Three drives under `qual run -n 3`: two RAM-backed namespaces and one that stops
+    answering everything after 400 requests. The watchdog of its worker ends that worker: its
+    test is ERROR, its record says stalled, its other tests are skipped without touching it,
+    and the two other drives run to PASS; exit 1."""
+    drives = [ram_device(256 << 20), ram_device(256 << 20)]
+    storage = misbehaving("--answer", "400", size=64 << 20)
+    profile = cells_profile(tmp_path / "rig.toml", "tests: two read cells a drive",
+                            ["seq_read", "rand_read"], runtime="1 s", minimum=["seq_read_bw"],
+                            profile='device_truth = "optional"\n',
+                            bandwidth=f'command_timeout = "{COMMAND_TIMEOUT:g} s"\n')
+    args = ["run", "-n", "3", "--profile", str(profile), "-k", "test_cell",
+            "--qual-allow-destructive"]
+    for drive in drives:
+        args += ["--target", drive, "--qual-confirm-serial", serial_of(drive)]
+    args += ["--target", str(storage.file)]
+    started = time.monotonic()
+    proc = qual(*args, cwd=tmp_path, timeout=300)
+    took = time.monotonic() - started
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1, said[-4000:]
+    assert took < 120, took
+    records = {json.loads(p.read_text())["target"]["spec"]: json.loads(p.read_text())
+               for p in (tmp_path / "qual-results").glob("*/qual-run.json")}
+    assert set(records) == {*drives, str(storage.file)}, said[-3000:]
+    for drive in drives:
+        assert records[drive]["summary"]["verdict"] == "PASS", records[drive]["summary"]
+        assert "stalled" not in records[drive]
+    stalled = records[str(storage.file)]
+    assert stalled["summary"]["verdict"] == "ERROR", json.dumps(stalled["tests"]) + said[-5000:]
+    assert stalled["stalled"]["what"].startswith(
+        "Stalled: ")
+    outcomes = sorted(t["outcome"] for t in stalled["tests"])
+    assert outcomes == ["broken", "skipped"], stalled["tests"]
+    broken = next(t for t in stalled["tests"] if t["outcome"] == "broken")
+    assert broken["message"].startswith("Stalled: ")

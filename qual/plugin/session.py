@@ -38,6 +38,7 @@ DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 EXIT_REFUSED = 4  # the plan refused the run: nothing was written
 PLUGIN_FLAGS = ("--qual-allow-destructive", "--qual-confirm-serial")  # the guard's refusals
 LAST_RECORD = ".last-" + RECORD_NAME  # the previous run's record, kept by `qual run` for the plan
+STALL_NOTE = ".stalled.json"  # beside a drive's record: a worker found it stopped (xdist)
 
 
 def _is_block(spec: str) -> bool:
@@ -71,13 +72,18 @@ class QualSession:
         specs = opt.qual_target or [DEFAULT_TARGET]
         if len(set(specs)) != len(specs):
             raise pytest.UsageError("--qual-target: a drive is named twice")
-        for spec in specs:
+        self.target_specs: list[str] = specs
+        self.results_dir = Path(opt.qual_results)
+        # a worker xdist started in place of one whose drive stopped answering never touches
+        # that drive again (a stat of it may never return)
+        self.gone = {spec for spec in specs if self.controller is False and
+                     self.stall_note(spec).exists()}
+        for spec in set(specs) - self.gone:
             given = Path(spec)
             if spec != DEFAULT_TARGET and not given.exists() and not given.parent.is_dir():
                 raise pytest.UsageError(f"--qual-target {spec}: no such file, directory or "
                                         f"device, and {given.parent} is not a directory to "
                                         "create it in")
-        self.target_specs: list[str] = specs
         self.baselines: dict[str, Baseline] = {}
         paths = opt.qual_baseline or []
         if paths and len(paths) != len(specs):
@@ -105,7 +111,6 @@ class QualSession:
             opt.loadgroup = True
             watchdog.bind_to_parent(os.getppid())  # a worker dies with the run that started it
         self.worker = getattr(config, "workerinput", {}).get("workerid")
-        self.results_dir = Path(opt.qual_results)
         self._targets: dict[str, Target] = {}
         self._sent: set[str] = set()
         self.measurements: dict[str, list[Measurement]] = {}
@@ -123,8 +128,11 @@ class QualSession:
         self._held: set[str] = set()
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
-        self.raw = {spec for spec in specs if _is_block(spec)}
+        self.raw = {spec for spec in specs if spec not in self.gone and _is_block(spec)}
         self.journals = {spec: self._journal(spec, opt.qual_resume) for spec in specs}
+        if self.controller and not opt.qual_plan:
+            for spec in specs:  # a stall this run's workers note is this run's alone
+                self.stall_note(spec).unlink(missing_ok=True)
         if self.raw and os.geteuid() == 0:
             # now, while this process has one thread: the filesystem qual may make on the
             # device is mounted where only this process sees it (target/filesystem.py)
@@ -357,7 +365,7 @@ class QualSession:
                 item.get_closest_marker("destructive") is not None, repetition))
         try:
             for spec, chosen in selected.items():
-                if chosen:
+                if chosen and spec not in self.gone:
                     self.plans[spec] = self.make_plan(spec, chosen)
                     self.plans[spec].left_out = self.left_out(spec)
                     self.eta.plan(self.plans[spec].as_dict()["tests"])
@@ -438,15 +446,20 @@ class QualSession:
         self.current = item
         if self.refused:
             pytest.fail(self.refused, pytrace=False)
+        if self.distributed or self.worker is not None:
+            spec = self.spec_of(item)
+            note = self.stalled_note(spec)
+            if note:  # before any fixture: the drive is not touched again
+                pytest.skip(f"not run: {spec} stopped answering ({note['what']})")
 
     # -------------------------------------------------------------- a storage that stops
 
     def _watch(self, items: list) -> None:
-        """The watchdog over the run (qual.watchdog; docs/ARCHITECTURE.md §4): in one process
-        (not under xdist, whose workers the controller waits for), from the first test on."""
+        """The watchdog over the run (qual.watchdog; docs/ARCHITECTURE.md §4), from the first
+        test on: in the one process, or under xdist in each worker (the controller only waits
+        for them)."""
         self.items = [it for it in items if QUAL_FIXTURES & set(getattr(it, "fixturenames", ()))]
-        if not self.items or not self.controller or \
-                getattr(self.config.option, "numprocesses", None):
+        if not self.items or (self.controller and self.distributed):
             return
         limit = max([t["command_timeout"] for t in self.profile.tables.values()
                      if "command_timeout" in t] or [watchdog.DEFAULT_COMMAND_TIMEOUT_S])
@@ -467,9 +480,12 @@ class QualSession:
     def stop_for_stall(self, item, stall: str) -> None:
         """The test that stalled is ERROR, every later test on its target is skipped for it,
         the record and the Allure results are written (neither lives on the target), and the
-        run ends with exit 1, touching the target no more."""
+        run ends with exit 1, touching the target no more. Under xdist only this worker
+        ends (`_worker_stalled`): the other drives run on."""
         said = f"Stalled: {stall}"
         spec = self.spec_of(item) if item is not None else self.target_specs[0]
+        if self.worker is not None:
+            self._worker_stalled(item, spec, said)
         later = self.items[self.items.index(item) + 1:] if item in self.items else []
         stopped = [(item, "broken", said)] if item is not None else []
         stopped += [(it, "skipped", f"not run: {spec} stopped answering ({said})")
@@ -512,6 +528,30 @@ class QualSession:
         watchdog.kill_descendants()
         watchdog.exit_now(1)
 
+    # ---- one drive of a rig stops (xdist): it fails alone
+
+    def stall_note(self, spec: str) -> Path:
+        """Where a worker says that a drive stopped answering: beside the drive's record."""
+        return self.record_path(spec).with_name(STALL_NOTE)
+
+    def stalled_note(self, spec: str) -> dict | None:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(self.stall_note(spec).read_text())
+        return None
+
+    def _worker_stalled(self, item, spec: str, said: str) -> None:
+        """A worker's drive stopped answering: the worker notes it (for the controller, which
+        records the test ERROR and the drive `stalled`, and for the worker xdist starts in its
+        place, which skips the drive's other tests without touching it) and ends at once, its
+        own thread being stuck in the kernel; the workers of the other drives run on."""
+        test = item.nodeid.split(f"@{DRIVE_GROUP}")[0] if item is not None else None
+        write_record(self.stall_note(spec), {"drive": spec, "test": test,
+                                             "what": said, "worker": self.worker})
+        print(f"[{self.worker}] qual: {said}; {spec}'s other tests are skipped, the other "
+              "drives run on", file=sys.__stderr__, flush=True)
+        watchdog.kill_descendants()
+        watchdog.exit_now(1)
+
     def make_plan(self, spec: str, selected: list[Selected]) -> Plan:
         target = self.open_target(spec)
         previous = None
@@ -539,6 +579,8 @@ class QualSession:
             return
         props = dict(report.user_properties)
         if not props.get(QUAL_TEST):
+            props = self._crashed(report) or props  # a worker that ended on a stalled drive
+        if not props.get(QUAL_TEST):
             return
         if TARGET_INFO in props:
             self.targets_reported.setdefault(props[TARGET_INFO]["spec"], props[TARGET_INFO])
@@ -559,11 +601,22 @@ class QualSession:
         elif report.skipped and entry.outcome == "passed":
             entry.outcome = "skipped"
             entry.message = _short_message(report)
-        if report.when == "teardown":
+        if report.when in ("teardown", "???"):  # "???": xdist's report of a worker's end
             self._finished(entry.drive, entry)
             line = self.eta.end(nodeid, entry.duration_s)
             if self.distributed and self.config.option.verbose >= -1:
                 self.say(line)
+
+    def _crashed(self, report) -> dict | None:
+        """xdist's report of the test a worker was running when it ended: where the worker
+        noted that its drive stopped answering, that test is ERROR with the stall."""
+        nodeid = report.nodeid.split(f"@{DRIVE_GROUP}")[0]  # xdist's may be cwd-relative
+        for spec in self.target_specs:
+            note = self.stalled_note(spec)
+            if note and note["test"] and nodeid.endswith(note["test"]) and report.failed:
+                report.nodeid, report.longrepr = note["test"], note["what"]
+                return {QUAL_TEST: True, DRIVE: spec, STATUS: "broken"}
+        return None
 
     def build_record(self, spec: str) -> RunRecord:
         target = self.targets_reported.get(spec) or {"spec": spec}
@@ -601,6 +654,9 @@ class QualSession:
             run = self.build_record(spec)
             if interrupted:
                 run.interrupted = "SIGINT (Ctrl-C): the tests after it did not run"
+            note = self.stalled_note(spec) if self.distributed else None
+            if note:
+                run.stalled = {"test": note["test"], "what": note["what"]}
             record = run.as_dict()
             path = self.record_path(spec)
             write_record(path, record)
