@@ -373,7 +373,8 @@ def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
     other = qual("run", "--resume", str(results), "--profile", str(TINY_PROFILE), cwd=tmp_path)
     assert other.returncode == 4 and "profile name: the journal's is tiny-all, this run's tiny" \
         in other.stdout + other.stderr, other.stdout[-2000:] + other.stderr
-    assert _journaled(results) >= 1  # nothing of the journal lost
+    assert _journaled(results) >= 1  # nothing of the journal lost, no record written
+    assert not (results / "qual-run.json").exists()
     done = qual("run", "--resume", str(results), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
     again = qual("run", "--resume", str(results), cwd=tmp_path)

@@ -129,6 +129,7 @@ class QualSession:
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
         self.raw = {spec for spec in specs if spec not in self.gone and _is_block(spec)}
+        self._kept: dict[str, int] = {}
         self.journals = {spec: self._journal(spec, opt.qual_resume) for spec in specs}
         if self.controller and not opt.qual_plan:
             for spec in specs:  # a stall this run's workers note is this run's alone
@@ -179,8 +180,7 @@ class QualSession:
                                    for m in t["measurements"]]
         self.targets_reported[spec] = journal.header["target"]
         self.started = journal.header["started"]
-        if self.controller and not self.config.option.qual_plan:
-            journal.resumed(len(journal.tests))
+        self._kept[spec] = len(journal.tests)  # noted as resumed once a test of ours ends
         return journal
 
     @property
@@ -423,6 +423,8 @@ class QualSession:
     def _finished(self, spec: str, entry: TestResult) -> None:
         """A test ended: its result goes to the drive's journal, on disk before the next."""
         journal = self.journals[spec]
+        if spec in self._kept:  # the first test this resumed run finished
+            journal.resumed(self._kept.pop(spec))
         if not journal.header:
             profile = self.profile.as_dict()
             journal.header = {"profile": {k: profile[k] for k in ("name", "digest")},
@@ -645,7 +647,8 @@ class QualSession:
         # Ctrl-C: a record says so beside the verdict, even one whose first test never ended
         interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED and \
             bool(getattr(self, "items", None))
-        if not self.controller or not (self.tests or interrupted):
+        if not self.controller or not (self.tests or interrupted) or \
+                session.exitstatus == EXIT_REFUSED:  # a refused resume writes nothing
             return
         alluredir = getattr(self.config.option, "allure_report_dir", None)
         for spec in self.target_specs:
