@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from qual import shipped
+from qual.watchdog import dies_with_me
 
 # the GNN suite is left out: its speedup over mmap is a CPU-bound comparison that two soaks
 # side by side on a 2-core host turn below 1 (0.77x and 0.80x in a dry run); a soak is about
@@ -83,7 +84,7 @@ def qual_run(dev: str, backing: Path, soak: Path, results: Path, log: Path,
            "--results", str(results), "--qual-allow-destructive", "--qual-confirm-serial",
            str(backing), "-k", SELECT, *more]
     return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            cwd=results.parent)
+                            cwd=results.parent, preexec_fn=dies_with_me())
 
 
 def current_test(log: Path) -> str:
@@ -124,6 +125,7 @@ def main() -> int:
     made = [ram_namespace(4 << 30, f"qual-soak-{os.getpid()}-{i}.img") for i in (1, 2)]
     try:
         (dev1, back1), (dev2, back2) = made
+        # the runs die with this script (PR_SET_PDEATHSIG), as qual's own children do
         whole = qual_run(dev1, back1, soak, out / "whole", out / "whole.log")
         killed = qual_run(dev2, back2, soak, out / "killed", out / "killed.log")
         low, high = (float(m) * 60 for m in args.kill_between.split(","))
@@ -141,14 +143,14 @@ def main() -> int:
                 killed.wait()
                 killed_after = time.monotonic() - started
                 kept = len(json.loads((out / "killed" / "qual-journal.json").read_text())[
-                    "tests"])
+                    "tests"])  # none, killed inside its first test
                 print(f"killed the second run after {killed_after / 60:.1f} min; its journal "
                       f"kept {kept} tests", flush=True)
                 resumed = subprocess.Popen(  # the consent is given again, never kept
                     [sys.executable, "-m", "qual.cli", "run", "--resume", str(out / "killed"),
                      "--qual-allow-destructive", "--qual-confirm-serial", str(back2)],
                     stdout=open(out / "resumed.log", "w"), stderr=subprocess.STDOUT,
-                    cwd=out)
+                    cwd=out, preexec_fn=dies_with_me())
         if killed_after is not None:
             resumed.wait()
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
 from dataclasses import asdict, dataclass, field, replace
 
 from qual.family import Rates, Settings
@@ -24,6 +25,18 @@ CALIBRATION_LIMITS = (0.25, 4.0)  # a past run never moves an estimate by more t
 # seconds. Generous on purpose: a stall is the watchdog's to catch within the command timeout;
 # the limit only ends a test that keeps answering but never finishes.
 TIME_LIMIT = (4.0, 600.0)
+
+
+CPU_PROBE_S = 0.2  # how long the plan watches how much of a core this process gets
+
+
+def cpu_share(seconds: float = CPU_PROBE_S) -> float:
+    """The share of a core a busy loop gets here now (1.0 on an idle host): what the host's
+    neighbours leave qual, for the CPU-bound part of each estimate (Rates.cpu)."""
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    while time.monotonic() - wall0 < seconds:
+        sum(range(10_000))
+    return min(1.0, max(0.05, (time.process_time() - cpu0) / (time.monotonic() - wall0)))
 
 
 def time_limit(estimate_max_s: float) -> float:
@@ -168,7 +181,7 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
     room than the target offers is scaled down to fit (--qual-fit), and says so; `previous`:
     the last run record in the results folder, whose durations refine the estimates; `repeats`:
     how many times each figure is measured."""
-    rates = rates or Rates()
+    rates = rates or Rates(cpu=1 / cpu_share())
     factors, basis = calibration(previous, target.spec)
     chosen = [s for s in selected if s.family in families and profile.table(s.family)]
     block = target.kind == "block"

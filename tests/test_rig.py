@@ -234,12 +234,13 @@ def test_no_rank_outlives_a_killed_checkpoint_restore(tmp_path):
 
 
 @needs_root
-@pytest.mark.parametrize("phase", ["checkpoint", "kvcache"])
+@pytest.mark.parametrize("phase", PHASES)
 def test_a_killed_qual_on_a_raw_namespace_leaves_no_process_no_hold_and_a_device_to_clean(
         tmp_path, ram_device, phase):
-    """The checkpoint ranks write on qual's filesystem in the run's own mount namespace; the
-    KV cache writes the device itself. 2 s after kill -9 nothing of the run is left, the
-    device can be held exclusively again, and `qual clean` leaves it blank."""
+    """The checkpoint ranks, the GNN gather server and the training readers work on qual's
+    filesystem in the run's own mount namespace; the KV cache writes the device itself. 2 s
+    after kill -9 nothing of the run is left, the device can be held exclusively again, and
+    `qual clean` leaves it blank."""
     select, profile, ready = PHASES[phase]
     dev = ram_device()
     left, said = _killed_midway(["run", "--profile", str(profile), "--target", dev, "-k",
@@ -311,14 +312,15 @@ repeats = 2
 
 
 def _journaled(results: Path) -> int:
+    """How many tests the run's journal holds; -1 before it has one."""
     try:
         return len(json.loads((results / "qual-journal.json").read_text())["tests"])
     except (OSError, ValueError):
-        return 0
+        return -1
 
 
 def test_a_run_killed_at_any_point_resumes_to_the_same_tests_and_verdict(tmp_path):
-    """kill -9 after the first test, in the middle of the repeated cells and inside the
+    """kill -9 inside the first test, in the middle of the repeated cells and inside the
     training suite (whose tests share one run); each resumed run has the uninterrupted run's
     tests, each once in the record and in the Allure results, and its verdict."""
     profile = tmp_path / "resumed.toml"
@@ -329,7 +331,7 @@ def test_a_run_killed_at_any_point_resumes_to_the_same_tests_and_verdict(tmp_pat
     expected = load_record(tmp_path / "whole")
     ids = [t["nodeid"] for t in expected["tests"]]
     training = next(i for i, n in enumerate(ids) if "test_training_io.py" in n)
-    for point in (1, len(ids) // 3, training + 1):
+    for point in (0, len(ids) // 3, training + 1):
         results = tmp_path / f"killed-at-{point}"
         proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "run", "--profile",
                                  str(profile), *select, "--results", results.name],

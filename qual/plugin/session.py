@@ -420,11 +420,10 @@ class QualSession:
             report.forget_unfinished(Path(alluredir), {n for j in self.journals.values()
                                                        for n in j.tests})
 
-    def _finished(self, spec: str, entry: TestResult) -> None:
-        """A test ended: its result goes to the drive's journal, on disk before the next."""
+    def _begun(self, spec: str) -> None:
+        """A drive's first test has begun: its journal is on disk, with no test yet, so a run
+        killed inside its first test resumes too."""
         journal = self.journals[spec]
-        if spec in self._kept:  # the first test this resumed run finished
-            journal.resumed(self._kept.pop(spec))
         if not journal.header:
             profile = self.profile.as_dict()
             journal.header = {"profile": {k: profile[k] for k in ("name", "digest")},
@@ -432,6 +431,14 @@ class QualSession:
                               "target": self.targets_reported.get(spec, {"spec": spec}),
                               "run": {"profile": self.config.option.qual_profile,
                                       "targets": self.config.option.qual_target or []}}
+            journal.save()
+
+    def _finished(self, spec: str, entry: TestResult) -> None:
+        """A test ended: its result goes to the drive's journal, on disk before the next."""
+        journal = self.journals[spec]
+        if spec in self._kept:  # the first test this resumed run finished
+            journal.resumed(self._kept.pop(spec))
+        self._begun(spec)
         journal.finished(entry)
 
     def pytest_deselected(self, items):
@@ -587,6 +594,7 @@ class QualSession:
         if TARGET_INFO in props:
             self.targets_reported.setdefault(props[TARGET_INFO]["spec"], props[TARGET_INFO])
             self.eta.plan((props[TARGET_INFO].get("plan") or {}).get("tests", ()))
+            self._begun(props[TARGET_INFO]["spec"])
         nodeid = report.nodeid.split(f"@{DRIVE_GROUP}")[0]  # xdist appends the group
         entry = self.tests.setdefault(nodeid, TestResult(
             nodeid, props.get(DRIVE, self.target_specs[0])))
