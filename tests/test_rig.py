@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from qual import shipped
-from qual.plan import time_limit
+from qual.plan import cpu_share, time_limit
 from qual.plugin.progress import Eta, Inner
 from testbed import (TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, needs_root, qual,
                      run_suite, serial_of, sh)
@@ -425,3 +425,27 @@ def test_one_drive_of_a_rig_stops_and_fails_alone(tmp_path, ram_device, misbehav
     assert outcomes == ["broken", "skipped"], stalled["tests"]
     broken = next(t for t in stalled["tests"] if t["outcome"] == "broken")
     assert broken["message"].startswith("Stalled: ")
+
+
+# ------------------------------------------------------------------ the plan's host
+
+
+def test_the_plan_sees_how_much_cpu_the_hosts_neighbours_leave():
+    """Pinned to one core with a busy neighbour, a busy loop gets about half of it: the plan's
+    CPU-bound estimates (Rates.cpu) double."""
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        alone = cpu_share(0.3)
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+        try:
+            time.sleep(0.2)
+            shared = cpu_share(0.6)
+        finally:
+            neighbour.kill()
+            neighbour.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert shared < 0.75 * alone, (alone, shared)
