@@ -76,7 +76,7 @@ class QualSession:
         self.results_dir = Path(opt.qual_results)
         # a worker xdist started in place of one whose drive stopped answering never touches
         # that drive again (a stat of it may never return)
-        self.gone = {spec for spec in specs if self.controller is False and
+        self.gone = {spec for spec in specs if not self.controller and
                      self.stall_note(spec).exists()}
         for spec in set(specs) - self.gone:
             given = Path(spec)
@@ -290,6 +290,8 @@ class QualSession:
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         with self._uncaptured():
             if self.worker is None and tr is not None:
+                if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):
+                    tr.write("\n")  # after -q's result letters, which name no file
                 tr.write_line(line)
             else:
                 print(f"[{self.worker}] {line.strip()}", file=sys.__stderr__, flush=True)
