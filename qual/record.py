@@ -486,11 +486,13 @@ class TestResult:
 def not_selected(tests: list[TestResult], profile, plan: dict | None) -> set[str]:
     """The criteria a -k/-m subset left out: of a family some of whose tests it deselected
     (the plan's `left_out`), measured by no test of the run, where no selected test of the
-    family skipped or broke (that one might have judged it: then it is not judged)."""
+    family broke (that one might have judged it: then it is not judged). A selected test that
+    skipped (not applicable here: an NVMe log off NVMe, a GPU path without one) judges
+    nothing of its family's other criteria."""
     families = set((plan or {}).get("left_out", ()))
     family_of = {t["id"]: t["family"] for t in (plan or {}).get("tests", ())}
     measured = {m["id"] for t in tests for m in t.measurements}
-    unsure = {family_of.get(t.nodeid) for t in tests if t.outcome in ("skipped", "broken")}
+    unsure = {family_of.get(t.nodeid) for t in tests if t.outcome == "broken"}
     return {c.id for c in profile.criteria if c.family in families - unsure
             and c.id not in measured}
 

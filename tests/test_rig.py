@@ -449,3 +449,25 @@ def test_the_plan_sees_how_much_cpu_the_hosts_neighbours_leave():
     finally:
         os.sched_setaffinity(0, before)
     assert shared < 0.75 * alone, (alone, shared)
+
+
+def test_a_skipped_test_of_a_family_the_subset_cut_into_leaves_its_criteria_not_selected():
+    """The drive-health test inside the bandwidth suite skips off NVMe: it judges nothing of
+    the cells' criteria, so those the subset left out stay `not selected`; a broken test of
+    the family might have judged them, and leaves them not judged."""
+    from qual.record import TestResult, summarize
+    from qual.thresholds import load_profile
+    from qual.workloads import registry
+
+    profile = load_profile(TINY_PROFILE, registry())
+    plan = {"left_out": ["bandwidth"], "tests": [
+        {"id": "cell", "family": "bandwidth"}, {"id": "health", "family": "bandwidth"}]}
+    measured = {"id": "seq_read_bw[bs=64K,qd=4]"}
+    verdict = {"id": "seq_read_bw[bs=64K,qd=4]", "passed": True, "line": ""}
+    cell = TestResult("cell", "d", measurements=[measured], verdicts=[verdict])
+    skipped = summarize([cell, TestResult("health", "d", "skipped")], profile, plan)
+    assert skipped["verdict"] == "PASS"
+    assert skipped["not_selected"] == ["rand_read_lat[bs=4K,qd=1,pct=99]"]
+    broken = summarize([cell, TestResult("health", "d", "broken")], profile, plan)
+    assert broken["not_judged"] == ["rand_read_lat[bs=4K,qd=1,pct=99]"]
+    assert broken["verdict"] == "ERROR"
