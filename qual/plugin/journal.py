@@ -6,7 +6,6 @@ the same profile, drive, firmware and qual (docs/ARCHITECTURE.md, "Resume")."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,9 +49,9 @@ class Journal:
     def results(self, drive: str) -> list[TestResult]:
         return [TestResult(drive=drive, **t) for t in self.tests.values()]
 
-    def resumed(self, kept: int) -> None:
-        self.header.setdefault("resumed", []).append(
-            {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tests_kept": kept})
+    def resumed(self, kept: int, at: str) -> None:
+        """A run resumed `at`, keeping `kept` tests (noted once one of its own tests ends)."""
+        self.header.setdefault("resumed", []).append({"at": at, "tests_kept": kept})
         self.save()
 
     def differences(self, profile: dict, identity: dict | None) -> list[str]:

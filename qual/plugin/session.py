@@ -129,7 +129,7 @@ class QualSession:
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
         self.raw = {spec for spec in specs if spec not in self.gone and _is_block(spec)}
-        self._kept: dict[str, int] = {}
+        self._kept: dict[str, tuple[int, str]] = {}
         self.journals = {spec: self._journal(spec, opt.qual_resume) for spec in specs}
         if self.controller and not opt.qual_plan:
             for spec in specs:  # a stall this run's workers note is this run's alone
@@ -180,7 +180,8 @@ class QualSession:
                                    for m in t["measurements"]]
         self.targets_reported[spec] = journal.header["target"]
         self.started = journal.header["started"]
-        self._kept[spec] = len(journal.tests)  # noted as resumed once a test of ours ends
+        # noted as resumed (when, and what it kept) once a test of this run ends
+        self._kept[spec] = (len(journal.tests), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         return journal
 
     @property
@@ -439,7 +440,7 @@ class QualSession:
         """A test ended: its result goes to the drive's journal, on disk before the next."""
         journal = self.journals[spec]
         if spec in self._kept:  # the first test this resumed run finished
-            journal.resumed(self._kept.pop(spec))
+            journal.resumed(*self._kept.pop(spec))
         self._begun(spec)
         journal.finished(entry)
 
