@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from qual.judge import EXIT_INCOMPLETE
 from qual.target import Target
 from qual.workloads import registry
 from qual.thresholds import load_profile
@@ -144,5 +143,5 @@ def test_suites_skip_health_with_the_reason_off_nvme(tmp_path):
     from testbed import run_suite
 
     proc, _ = run_suite(tmp_path, "-rs", "-k", "health or seq_read")
-    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-2000:]
+    assert proc.returncode == 0, proc.stdout[-2000:]  # a subset: the latency is not selected
     assert "no SMART health log: not an NVMe device" in proc.stdout

@@ -8,6 +8,7 @@ owned by this user; a link, a device node or another user's file never is."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hmac
@@ -110,7 +111,47 @@ def prove(path: Path) -> Scratch | None:
 
 def create(path: Path) -> Scratch:
     """Create an empty scratch file at `path` (never over an existing entry, never through a
-    link), sign it with a fresh token and mark it."""
+    link), sign it with a fresh token and mark it. Where the filesystem links unnamed files in
+    (O_TMPFILE: ext4, xfs, btrfs, tmpfs) it is made, signed and marked unnamed, then linked at
+    its name, so a run killed at any moment leaves no file or one qual can prove is its own;
+    elsewhere (overlayfs, FUSE) it is named first."""
+    try:
+        fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno not in UNNAMED_UNSUPPORTED:
+            raise TargetUnavailable(e.errno, f"cannot create qual's scratch file: {e.strerror}",
+                                    target=str(path)) from None
+        return _create_named(path)
+    try:
+        scratch = _sign(fd, path, named=False)
+        try:  # a link never replaces an entry, nor follows a link at the new name
+            _link_in(fd, path)
+        except OSError as e:
+            if e.errno in UNNAMED_UNSUPPORTED:
+                return _create_named(path)  # the unnamed file goes with its descriptor
+            raise TargetUnavailable(e.errno, f"cannot create qual's scratch file: {e.strerror}",
+                                    target=str(path)) from None
+        fsync_dir(path.parent)
+        return scratch
+    finally:
+        os.close(fd)
+
+
+UNNAMED_UNSUPPORTED = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EXDEV)
+_AT_FDCWD, _AT_SYMLINK_FOLLOW = -100, 0x400
+
+
+def _link_in(fd: int, path: Path) -> None:
+    """linkat(2) of an unnamed file's descriptor to `path` (through /proc/self/fd, followed:
+    Python's os.link would link the /proc entry itself)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.linkat(_AT_FDCWD, f"/proc/self/fd/{fd}".encode(), _AT_FDCWD,
+                   os.fsencode(path), _AT_SYMLINK_FOLLOW) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def _create_named(path: Path) -> Scratch:
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o644)
@@ -118,19 +159,24 @@ def create(path: Path) -> Scratch:
         raise TargetUnavailable(e.errno, f"cannot create qual's scratch file: {e.strerror}",
                                 target=str(path)) from None
     try:
-        st = os.fstat(fd)
-        token = secrets.token_hex(16)
-        try:
-            os.setxattr(fd, TOKEN_XATTR, token.encode())
-        except OSError as e:
-            _unlink_if(path, (st.st_dev, st.st_ino))
-            raise TargetUnavailable(e.errno, "the filesystem keeps no extended attributes "
-                                    f"({e.strerror}), so qual could not prove later that it "
-                                    "created its scratch file here", target=str(path)) from None
-        scratch = Scratch(path, st.st_dev, st.st_ino, _generation(fd), token, 0)
+        return _sign(fd, path, named=True)
     finally:
         os.close(fd)
-    return mark(scratch, 0)
+
+
+def _sign(fd: int, path: Path, *, named: bool) -> Scratch:
+    """Give the new file a fresh token (its xattr) and mark it as qual's at `path`."""
+    st = os.fstat(fd)
+    token = secrets.token_hex(16)
+    try:
+        os.setxattr(fd, TOKEN_XATTR, token.encode())
+    except OSError as e:
+        if named:
+            _unlink_if(path, (st.st_dev, st.st_ino))
+        raise TargetUnavailable(e.errno, "the filesystem keeps no extended attributes "
+                                f"({e.strerror}), so qual could not prove later that it "
+                                "created its scratch file here", target=str(path)) from None
+    return mark(Scratch(path, st.st_dev, st.st_ino, _generation(fd), token, 0), 0)
 
 
 def mark(scratch: Scratch, written: int) -> Scratch:
