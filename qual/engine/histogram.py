@@ -26,7 +26,7 @@ class LatencyHistogram:
     def from_samples(cls, samples_ns) -> LatencyHistogram:
         hist = cls()
         for sample in samples_ns:
-            check(lib.qual_hist_record(hist._h, int(sample)))
+            hist.record_ns(sample)
         return hist
 
     @classmethod
@@ -39,6 +39,9 @@ class LatencyHistogram:
             hist._h.count += int(count)
         hist._h.min_ns, hist._h.max_ns, hist._h.sum_ns = min_ns, max_ns, sum_ns
         return hist
+
+    def record_ns(self, sample_ns: int) -> None:
+        check(lib.qual_hist_record(self._h, int(sample_ns)))
 
     @property
     def count(self) -> int:

@@ -8,29 +8,29 @@ import numpy as np
 from qual.charts import png, subplots
 
 
-def _cdf(ax, values: list[float], **kw) -> None:
-    xs = np.sort(np.asarray(values)) * 1e3
-    ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs) * 100, **kw)
+def _cdf(ax, hist, **kw) -> None:
+    """A latency histogram as the share of requests at or under each bucket's value."""
+    bins = sorted(hist.to_bins().items())
+    xs = np.array([ns for ns, _ in bins]) / 1e6
+    ax.step(xs, np.cumsum([n for _, n in bins]) / hist.count * 100, where="post", **kw)
 
 
 def latency_chart(result: dict) -> bytes:
     """Each request's end-to-end latency by QoS class, with the class's p95 target, and the
     drive's write and read latency, as distributions (share of requests at or under)."""
-    reqs = result["requests"]
+    lat = result["latency"]
     fig, (ax, bx) = subplots(1, 2, figsize=(8.4, 3.6))
     from matplotlib.ticker import NullFormatter  # loaded by subplots, as qual.charts loads it
 
     for c, (p95, _) in result["qos"].items():
-        e2e = [q["done"] - q["arrival"] for q in reqs if q["qos"] == c]
-        if e2e:
+        if lat["e2e"][c].count:
             line, = ax.plot([], [])
-            _cdf(ax, e2e, color=line.get_color(), label=c)
+            _cdf(ax, lat["e2e"][c], color=line.get_color(), label=c)
             ax.axvline(p95 * 1e3, color=line.get_color(), linestyle="dashed", alpha=0.6)
     ax.set_title("end to end, by class (dashed: p95 target)")
-    for op, key in (("write", "write_s"), ("read", "read_s")):
-        lat = [q[key] for q in reqs if q[key] is not None]
-        if lat:
-            _cdf(bx, lat, label=f"prefill {op}" if op == "write" else f"decode {op}")
+    for op in ("write", "read"):
+        if lat[op].count:
+            _cdf(bx, lat[op], label=f"prefill {op}" if op == "write" else f"decode {op}")
     bx.set_title(f"on the drive ({result['backend']}, O_DIRECT)")
     for a in (ax, bx):
         a.set_xscale("log")
@@ -40,7 +40,7 @@ def latency_chart(result: dict) -> bytes:
         a.grid(True, alpha=0.3)
         if a.lines:
             a.legend()
-    fig.suptitle(f"{result['model']}: {result['users']} users, {len(reqs)} requests")
+    fig.suptitle(f"{result['model']}: {result['users']} users, {result['served']:,} requests")
     return png(fig)
 
 

@@ -4,16 +4,22 @@ tier) and as the outcome the command and the suite read."""
 
 from __future__ import annotations
 
-import numpy as np
-
+from qual.engine import LatencyHistogram
 from qual.record import Measurement, measure
 from qual.workloads.base import Outcome
 from qual.workloads.kvcache import charts
 from qual.workloads.kvcache.spec import METRICS, NAME, PERCENTILES
 
 
-def _pct(values: list[float], pct: float) -> float:
-    return float(np.percentile(values, pct)) if values else 0.0
+def _percentiles(hist: LatencyHistogram, pcts, metric, params: dict,
+                 context: dict) -> list[Measurement]:
+    """A latency's percentiles (seconds) read from its histogram, each with the histogram's
+    bins (ns: count) as its samples; none where the run served nothing there."""
+    if not hist.count:
+        return []
+    bins = hist.to_bins()
+    return [measure(NAME, metric, {**params, "pct": p}, hist.percentile(p) / 1e9,
+                    context=context, samples=bins) for p in pcts]
 
 
 # the suite records these apart: the drive's figures, and what the users saw
@@ -33,27 +39,17 @@ class KvCacheOutcome(Outcome):
 
     def _all(self) -> list[Measurement]:
         r = self.result
-        reqs = r["requests"]
+        lat = r["latency"]
         ctx = {"target": self.target, "model": r["model"], "backend": r["backend"],
                "path": "O_DIRECT", "bytes_per_token": r["bytes_per_token"]}
         out = []
-        for op, key, truth in (("write", "write_s", r["write_truth"]),
-                               ("read", "read_s", r["read_truth"])):
-            lats = [q[key] for q in reqs if q[key] is not None]
-            for p in PERCENTILES:
-                if lats:
-                    out.append(measure(NAME, METRICS["kv_storage_lat"], {"op": op, "pct": p},
-                                       _pct(lats, p), context={**ctx, **truth},
-                                       samples=lats))
+        for op, truth in (("write", r["write_truth"]), ("read", r["read_truth"])):
+            out += _percentiles(lat[op], PERCENTILES, METRICS["kv_storage_lat"], {"op": op},
+                                {**ctx, **truth})
         for c in r["qos"]:
-            e2e = [q["done"] - q["arrival"] for q in reqs if q["qos"] == c]
-            for p in PERCENTILES[1:]:
-                if e2e:
-                    out.append(measure(NAME, METRICS["kv_e2e_lat"], {"class": c, "pct": p},
-                                       _pct(e2e, p), context=ctx, samples=e2e))
-        waits = [q["started"] - q["arrival"] for q in reqs]
-        out += [measure(NAME, METRICS["kv_queue_wait"], {"pct": p}, _pct(waits, p), context=ctx)
-                for p in PERCENTILES]
+            out += _percentiles(lat["e2e"][c], PERCENTILES[1:], METRICS["kv_e2e_lat"],
+                                {"class": c}, ctx)
+        out += _percentiles(lat["wait"], PERCENTILES, METRICS["kv_queue_wait"], {}, ctx)
         out.append(measure(NAME, METRICS["kv_tokens_per_s"], {}, r["tokens"] / r["wall_s"],
                            context=ctx))
         if r["storage_s"]:
@@ -86,4 +82,4 @@ class KvCacheOutcome(Outcome):
         keys = ("mode", "model", "bytes_per_token", "backend", "users", "wall_s", "storage_s",
                 "written", "read", "hits", "tokens", "tokens_per_s", "storage_tokens_per_s",
                 "e2e", "qos", "device", "max_users", "failed_at", "peak_users", "trials")
-        return {k: r[k] for k in keys if k in r} | {"requests": len(r["requests"])}
+        return {k: r[k] for k in keys if k in r} | {"requests": r["served"]}

@@ -26,6 +26,7 @@ from qual.target import Target
 from qual.target.scratch import fsync_dir, own_folder, remove_made
 from qual.workloads.kvcache.spec import (MODELS, conversation_bytes, drive_bytes,
                                          entry_bytes, prefix_bytes, targets, turn_entries)
+from qual.workloads.kvcache.tally import Tally
 
 FOLDER = "qual-kvcache"
 MANIFEST = "manifest.json"
@@ -281,7 +282,7 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     written = read = 0
     storage_s = 0.0
     hits = {**dict.fromkeys(tiers.held, 0), "drive": 0}
-    served: list[Request] = []
+    tally = Tally(table["classes"], seed)
     total = users * table["requests"]  # a request-bound run's, for progress
 
     def moved(op: str, entries: list, owner: list[Request]) -> int:
@@ -338,27 +339,24 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
             r.done = end
             next_turn[r.user] += 1
             ready_at[r.user] = end + table["think_time"]
-            served.append(r)
+            tally.add(r)
             if duration and next_turn[r.user] == len(convs[r.user]):
                 # the conversation is over: the user's next one takes its room
                 tiers.forget(r.user, r.conversation, len(convs[r.user]))
                 convs[r.user] = _conversation(table, seed, r.user, r.conversation + 1)
                 next_turn[r.user] = 0
         if progress:
-            done = min(1.0, end / duration) if duration else len(served) / total
-            progress(f"{users} users: {len(served)} requests served", done)
+            done = min(1.0, end / duration) if duration else tally.served / total
+            progress(f"{users} users: {tally.served} requests served", done)
     wall = time.monotonic() - t0
-    tokens = table["generation_tokens"] * len(served)
-    e2e = {}
-    for c in table["classes"]:
-        lat = [r.done - r.arrival for r in served if r.qos == c]
-        if lat:
-            e2e[c] = (float(np.percentile(lat, 95)), float(np.percentile(lat, 99)))
+    tokens = table["generation_tokens"] * tally.served
     return {"model": model.name, "bytes_per_token": bpt, "backend": kv.backend, "users": users,
             "wall_s": wall, "storage_s": storage_s, "written": written, "read": read,
             "hits": hits, "tokens": tokens, "tokens_per_s": tokens / wall,
             "storage_tokens_per_s": tokens / storage_s if storage_s else 0.0,
-            "e2e": e2e, "requests": [r.__dict__ for r in served], "qos": targets(table)}
+            "e2e": tally.e2e_tail(), "served": tally.served, "requests": tally.kept,
+            "latency": {"write": tally.storage["write"], "read": tally.storage["read"],
+                        "e2e": tally.e2e, "wait": tally.wait}, "qos": targets(table)}
 
 
 def remove(target: Target) -> None:
