@@ -409,8 +409,8 @@ def write_record(path: Path, record: dict) -> None:
 @dataclass
 class RunRecord:
     """One drive's run as qual-run.json keeps it (schema qual-run/1): the drive, the host, the
-    profile, the engine, every test and the summary with the run's verdict; `stalled` and
-    `interrupted` say how a run that did not finish ended. Typed until it is written
+    profile, the engine, every test and the summary with the run's verdict; `stalled`,
+    `device_gone` and `interrupted` say how a run that did not finish ended. Typed until it is written
     (`as_dict`); what reads a record back (the report, the gate, `qual compare`) reads the
     JSON, from this run or an older one."""
 
@@ -427,6 +427,7 @@ class RunRecord:
     stalled: dict | None = None
     interrupted: str | None = None
     resumed: list[dict] | None = None  # each resumption: when, and how many tests it kept
+    device_gone: dict | None = None  # the test after which the device was gone, and how
     schema: str = SCHEMA
     qual_version: str = field(default_factory=lambda: qual_version())
     host: dict = field(default_factory=lambda: host_info())
@@ -439,6 +440,7 @@ class RunRecord:
                "tests": [t.as_dict() for t in self.tests], "plan": self.plan,
                "summary": self.summary}
         out.update({k: v for k, v in (("stalled", self.stalled),
+                                      ("device_gone", self.device_gone),
                                       ("interrupted", self.interrupted),
                                       ("resumed", self.resumed)) if v is not None})
         return out

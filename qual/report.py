@@ -257,11 +257,15 @@ def _dimension(test: dict, mid: str) -> str | None:
 
 
 def summary_lines(record: dict, source_width: int = 70) -> list[str]:
-    """The summary for the terminal: one table per workload family."""
+    """The summary for the terminal: one table per workload family, and how a drive that
+    stopped the run (stalled, or gone) did."""
+    lines = [f"{how}: {record[key]['what'].removeprefix('Stalled: ')}"
+             + (f" (in {record[key]['test']})" if record[key].get("test") else "")
+             for key, how in (("stalled", "stalled"), ("device_gone", "device gone"))
+             if record.get(key)]
     tables = summary_rows(record)
     if not tables:
-        return ["(no criterion was judged)"]
-    lines = []
+        return [*lines, "(no criterion was judged)"]
     left_out = tables.pop("not selected", [])
     for family, rows in tables.items():
         clipped = [(*r[:5], r[5] if len(r[5]) <= source_width else r[5][:source_width - 1] + "…")

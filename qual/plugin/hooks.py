@@ -19,8 +19,9 @@ import pytest
 from qual import report, thresholds
 from qual.errors import DeviceIoError, Stalled, errno_name
 from qual.plugin.recorder import Recorder
-from qual.plugin.session import (DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST, SESSION_KEY,
-                                 STATUS, TARGET_INFO, WHERE, QualSession, qual_session)
+from qual.plugin.session import (DEPARTED, DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST,
+                                 SESSION_KEY, STATUS, TARGET_INFO, WHERE, QualSession,
+                                 qual_session, short_message)
 from qual.record import Measurement
 from qual.flags import claimed
 from qual.target import DEFAULT_TARGET
@@ -281,6 +282,12 @@ def pytest_runtest_makereport(item, call):
             exc = call.excinfo
             judged = rep.when == "call" and exc is not None and \
                 (exc.errisinstance(AssertionError) or exc.errisinstance(pytest.fail.Exception))
+            gone = session.departed_with(item)
+            if gone and item.nodeid.startswith(gone["test"]):  # the test that met it: ERROR
+                rep.longrepr = f"device gone: {gone['what']} (the test met: " \
+                               f"{short_message(rep)})"
+                judged = False
+                extra.append((DEPARTED, gone))
             extra.append((STATUS, "failed" if judged else "broken"))
         if rep.when == "call" and DEVICE_ERROR_KEY in item.stash:
             extra.append((DEVICE_ERROR, item.stash[DEVICE_ERROR_KEY]))

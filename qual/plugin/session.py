@@ -33,6 +33,7 @@ SESSION_KEY = pytest.StashKey["QualSession"]()
 # keys of report.user_properties: how a worker's results reach the controller under xdist
 STATUS, QUAL_TEST, TARGET_INFO, DRIVE, WHERE, DEVICE_ERROR = (
     "qual_status", "qual_test", "qual_target", "qual_drive", "qual_where", "qual_device_error")
+DEPARTED = "qual_device_gone"
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 EXIT_REFUSED = 4  # the plan refused the run: nothing was written
@@ -76,9 +77,9 @@ class QualSession:
         self.results_dir = Path(opt.qual_results)
         # a worker xdist started in place of one whose drive stopped answering never touches
         # that drive again (a stat of it may never return)
-        self.gone = {spec for spec in specs if not self.controller and
-                     self.stall_note(spec).exists()}
-        for spec in set(specs) - self.gone:
+        self.abandoned = {spec for spec in specs if not self.controller and
+                          self.stall_note(spec).exists()}
+        for spec in set(specs) - self.abandoned:
             given = Path(spec)
             if spec != DEFAULT_TARGET and not given.exists() and not given.parent.is_dir():
                 raise pytest.UsageError(f"--qual-target {spec}: no such file, directory or "
@@ -128,7 +129,8 @@ class QualSession:
         self._held: set[str] = set()
         self._filesystems: dict[str, QualFilesystem] = {}
         self._fs_targets: dict[str, Target] = {}
-        self.raw = {spec for spec in specs if spec not in self.gone and _is_block(spec)}
+        self.raw = {spec for spec in specs if spec not in self.abandoned and _is_block(spec)}
+        self.departed: dict[str, dict] = {}  # drive -> where its device went away mid-run
         self._kept: dict[str, tuple[int, str]] = {}
         self.journals = {spec: self._journal(spec, opt.qual_resume) for spec in specs}
         if self.controller and not opt.qual_plan:
@@ -368,7 +370,7 @@ class QualSession:
                 item.get_closest_marker("destructive") is not None, repetition))
         try:
             for spec, chosen in selected.items():
-                if chosen and spec not in self.gone:
+                if chosen and spec not in self.abandoned:
                     self.plans[spec] = self.make_plan(spec, chosen)
                     self.plans[spec].left_out = self.left_out(spec)
                     self.eta.plan(self.plans[spec].as_dict()["tests"])
@@ -463,6 +465,22 @@ class QualSession:
             note = self.stalled_note(spec)
             if note:  # before any fixture: the drive is not touched again
                 pytest.skip(f"not run: {spec} stopped answering ({note['what']})")
+        gone = self.departed.get(self.spec_of(item))
+        if gone:
+            pytest.skip(f"not run: {self.spec_of(item)} is gone ({gone['what']})")
+
+    def departed_with(self, item) -> dict | None:
+        """After a test on a drive failed: whether the drive went away (Target.gone), noted
+        once with the test that met it. Its later tests are skipped without touching it, its
+        record says `device_gone`, and the other drives of a rig run on."""
+        spec = self.spec_of(item)
+        target = self._targets.get(spec)
+        if spec not in self.departed and target is not None:
+            why = target.gone()
+            if why:
+                self.departed[spec] = {"test": item.nodeid.split(f"@{DRIVE_GROUP}")[0],
+                                       "what": why}
+        return self.departed.get(spec)
 
     # -------------------------------------------------------------- a storage that stops
 
@@ -608,12 +626,14 @@ class QualSession:
             entry.judged(props[PAYLOAD])
         if DEVICE_ERROR in props:
             entry.device_error = props[DEVICE_ERROR]
+        if DEPARTED in props:  # a worker's drive went away: its record says so
+            self.departed.setdefault(entry.drive, props[DEPARTED])
         if report.failed and entry.outcome != "failed":
             entry.outcome = props.get(STATUS, "broken")
-            entry.message = _short_message(report)
+            entry.message = short_message(report)
         elif report.skipped and entry.outcome == "passed":
             entry.outcome = "skipped"
-            entry.message = _short_message(report)
+            entry.message = short_message(report)
         if report.when in ("teardown", "???"):  # "???": xdist's report of a worker's end
             self._finished(entry.drive, entry)
             line = self.eta.end(nodeid, entry.duration_s)
@@ -645,7 +665,8 @@ class QualSession:
             started=self.started,
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=self.config.option.qual_seed,
             baseline=str(baseline.path) if baseline else None, plan=target.get("plan"),
-            resumed=self.journals[spec].header.get("resumed"))
+            resumed=self.journals[spec].header.get("resumed"),
+            device_gone=self.departed.get(spec))
 
     def record_path(self, spec: str) -> Path:
         """results/qual-run.json; with several drives, results/<drive>/qual-run.json."""
@@ -724,7 +745,7 @@ class QualSession:
                           bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
 
 
-def _short_message(report) -> str:
+def short_message(report) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
         return crash.message.removeprefix("Failed: ")  # pytest.fail's own prefix

@@ -22,7 +22,8 @@ from qual import engine
 from qual.engine import IoJob, NoSpace, TargetUnavailable
 from qual.target import scratch
 from qual.target.guard import CLI_FLAGS, Refusal, UnsafeTarget, guard_refusals
-from qual.target.identity import DeviceStat, Identity, device_stat, drive_label, read_identity
+from qual.target.identity import (DeviceStat, Identity, device_stat, drive_label, read_identity,
+                                  read_sysfs, sysfs_dir)
 from qual.target.scratch import fsync_dir, marker_path
 from qual.units import format_size
 
@@ -99,6 +100,9 @@ class Target:
         if self.kind != "block" and self.identity.filesystem == "devtmpfs":
             raise TargetUnavailable(errno.ENODEV, "is on devtmpfs (/dev) but is not a block "
                                     "device: qual never creates files there", target=self.spec)
+        # the block device under it as sysfs knows it, to tell later whether it is still there
+        self._sysfs = sysfs_dir(self.dev)
+        self._sectors = int(read_sysfs(self._sysfs / "size") or 0) if self._sysfs else 0
 
     def _existing(self) -> Path:
         """The block device, or the nearest existing folder of a file or scratch file: what the
@@ -175,6 +179,29 @@ class Target:
 
     def device_stat(self) -> DeviceStat | None:
         return device_stat(self.dev)
+
+    def gone(self) -> str | None:
+        """Why the block device under the target (the device itself, or a file target's
+        filesystem's) is no longer there, or None: its node names another device or none,
+        or it left sysfs, or it reports no capacity (what the kernel sets when it loses a
+        namespace). Read from /dev and sysfs only, which answer whatever the device does."""
+        if self._sysfs is None:
+            return None  # not on a block device (tmpfs, FUSE): nothing to tell
+        name = self.path if self.kind == "block" else f"the device under {self.spec}"
+        if self.kind == "block":
+            try:
+                now = os.stat(self.path)
+            except OSError as e:
+                return f"{name} is no longer in /dev ({e.strerror})"
+            if not stat.S_ISBLK(now.st_mode) or now.st_rdev != self.dev:
+                return f"{name} now names another device"
+        size = read_sysfs(self._sysfs / "size")
+        if size is None:
+            return f"{name} has left the system ({self._sysfs} is gone)"
+        if int(size) == 0 and self._sectors:
+            return (f"{name} reports a capacity of 0 bytes (it held "
+                    f"{format_size(self._sectors * 512)} when the run began)")
+        return None
 
     def owned(self) -> bool:
         return self.kind != "block" and scratch.prove(self.path) is not None
