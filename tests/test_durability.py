@@ -5,10 +5,14 @@ are durable."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from qual import engine
 from qual.engine import IoJob, run_job
+from qual.plugin.journal import JOURNAL_NAME, Journal
+from qual.record import TestResult
 from qual.target import Target
 from qual.workloads import checkpoint
 
@@ -66,3 +70,22 @@ def test_a_checkpoint_is_renamed_into_place_only_after_its_manifest_is_durable(m
     root = at("FSYNCDIR", "qual-checkpoints")
     assert data < manifest < named < folder < commit < root, (data, manifest, named, folder,
                                                               commit, root)
+
+
+def test_a_finished_test_is_on_disk_before_the_next_one_starts(misbehaving):
+    """The run's journal, in the requests its file system answered: each finished test's
+    journal is written under a temporary name, flushed, renamed over the journal and its
+    folder flushed, all before `finished` returns (a power loss after it keeps the test)."""
+    storage = misbehaving()
+    journal = Journal(storage.point / JOURNAL_NAME, header={"started": "now"})
+    for n, test in enumerate(("suite.py::test_a", "suite.py::test_b")):
+        before = len(storage.requests())
+        journal.finished(TestResult(test, "drive"))
+        requests = storage.requests()[before:]
+        tmp = f".{JOURNAL_NAME}.{os.getpid()}.tmp"
+        order = [requests.index(r) for r in (("WRITE", tmp), ("FSYNC", tmp),
+                                             ("RENAME", f"{tmp} -> {JOURNAL_NAME}"),
+                                             ("FSYNCDIR", ""))]
+        assert order == sorted(order), requests
+        assert list(Journal.load(journal.path).tests) == ["suite.py::test_a",
+                                                          "suite.py::test_b"][:n + 1]

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,10 @@ import pytest
 from qual import shipped
 from qual.plan import cpu_share, time_limit
 from qual.plugin.progress import Eta, Inner
+from qual.plugin.session import STALL_NOTE
+from qual.target import Target
+from qual.thresholds import family_table
+from qual.workloads import bandwidth
 from testbed import (TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, needs_root, qual,
                      run_suite, serial_of, sh)
 
@@ -112,6 +117,19 @@ def test_inner_progress_on_a_terminal_is_one_line_in_place():
         inner(f"step {i}")
     inner.close()
     assert rewritten == [f"step {i}" for i in range(5)] and not said and ended == [True]
+
+
+def test_a_long_cell_says_how_far_it_is_as_it_runs(tmp_path):
+    """A bandwidth cell of hours says, while it runs, how long it has run of its runtime and
+    its bandwidth so far (the run's Inner shows one of these every 10 s)."""
+    table = family_table(bandwidth.FAMILY, {"size": "16 MiB", "runtime": "3 s",
+                                            "block_sizes": ["64K"], "depths": [4],
+                                            "patterns": ["seq_read"]})
+    said = []
+    bandwidth.run_cell(Target(tmp_path), table, bandwidth.matrix(table)[0], say=said.append)
+    running = [m for m in said if re.fullmatch(r"seq_read-64K-qd4: \d+ s of 3 s, "
+                                               r"[\d.]+ [KMG]iB/s so far", m)]
+    assert len(running) >= 2, said
 
 
 def test_the_eta_learns_the_runs_rate():
@@ -429,25 +447,117 @@ def test_one_drive_of_a_rig_stops_and_fails_alone(tmp_path, ram_device, misbehav
     assert broken["message"].startswith("Stalled: ")
 
 
+def test_a_stall_an_earlier_run_noted_decides_nothing_now(tmp_path):
+    """A rig run that stalled left its note beside a drive's record; the next run on the same
+    results folder runs every test of that drive (the note is an earlier run's, not this
+    one's), and its record says nothing stalled."""
+    drives = [tmp_path / "a", tmp_path / "b"]
+    profile = cells_profile(tmp_path / "rig.toml", "tests: one cell a drive", ["seq_read"],
+                            runtime="0.3 s", minimum=["seq_read_bw"])
+    args = ["run", "-n", "2", "--profile", str(profile), "-k", "test_cell"]
+    for drive in drives:
+        drive.mkdir()
+        args += ["--target", str(drive)]
+    results = tmp_path / "qual-results"
+    for drive in drives:
+        note = results / str(drive).strip("/").replace("/", "-") / STALL_NOTE
+        note.parent.mkdir(parents=True)
+        note.write_text(json.dumps({"drive": str(drive), "test": "test_bandwidth.py::test_cell"
+                                    "[seq_read-64K-qd4]", "what": "Stalled: an old one",
+                                    "worker": "gw0"}))
+    proc = qual(*args, cwd=tmp_path, timeout=300)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert "stopped answering" not in said and "an old one" not in said
+    for record in results.glob("*/qual-run.json"):
+        doc = json.loads(record.read_text())
+        assert "stalled" not in doc and doc["summary"]["verdict"] == "PASS", doc["summary"]
+        assert {t["outcome"] for t in doc["tests"]} == {"passed"}
+        assert not record.with_name(STALL_NOTE).exists()
+
+
+def _take_away(dev: str, when) -> threading.Thread:
+    """Once `when()` holds, the loop device goes as a lost namespace does: its capacity drops
+    to 0 (the backing file emptied, `losetup -c`) and it is detached (`losetup -d`, done
+    when its last holder lets go)."""
+    backing = Path(f"/sys/block/{Path(dev).name}/loop/backing_file").read_text().strip()
+
+    def away():
+        deadline = time.monotonic() + 120
+        while not when() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.truncate(backing, 0)
+        sh("losetup", "--set-capacity", dev)
+        sh("losetup", "--detach", dev)
+    thread = threading.Thread(target=away, daemon=True)
+    thread.start()
+    return thread
+
+
+@needs_root
+def test_a_drive_that_goes_away_mid_run_fails_alone(tmp_path, ram_device):
+    """Three drives under `qual run -n 3`; one goes away (its capacity 0, detached) once its
+    first test has finished. The test that meets it is ERROR with `device gone` and what it
+    met, its later tests are skipped without touching it, its record says `device_gone`; the
+    other two drives run to PASS; exit 1."""
+    drives = [ram_device(256 << 20) for _ in range(3)]
+    doomed = drives[2]
+    profile = cells_profile(tmp_path / "rig.toml", "tests: three cells a drive",
+                            ["seq_read", "rand_read", "seq_write"], runtime="2 s",
+                            minimum=["seq_read_bw"], profile="repeats = 2\n")
+    args = ["run", "-n", "3", "--profile", str(profile), "-k", "test_cell",
+            "--qual-allow-destructive"]
+    for drive in drives:
+        args += ["--target", drive, "--qual-confirm-serial", serial_of(drive)]
+    results = tmp_path / "qual-results"
+    journal = results / doomed.strip("/").replace("/", "-") / "qual-journal.json"
+    taken = _take_away(doomed, lambda: _journaled(journal.parent) >= 1)
+    proc = qual(*args, cwd=tmp_path, timeout=300)
+    taken.join(timeout=10)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1, said[-4000:]
+    records = {json.loads(p.read_text())["target"]["spec"]: json.loads(p.read_text())
+               for p in results.glob("*/qual-run.json")}
+    assert set(records) == set(drives), said[-3000:]
+    for drive in drives[:2]:
+        assert records[drive]["summary"]["verdict"] == "PASS", records[drive]["summary"]
+        assert "device_gone" not in records[drive]
+    gone = records[doomed]
+    assert gone["summary"]["verdict"] == "ERROR", json.dumps(gone["tests"])[-3000:]
+    assert "reports a capacity of 0 bytes" in gone["device_gone"]["what"], gone["device_gone"]
+    outcomes = [t["outcome"] for t in gone["tests"]]
+    met = outcomes.index("broken")
+    assert 1 <= met < len(outcomes) - 1, outcomes
+    assert set(outcomes[:met]) == {"passed"} and set(outcomes[met + 1:]) == {"skipped"}, outcomes
+    broken = gone["tests"][met]
+    assert broken["nodeid"] == gone["device_gone"]["test"]
+    assert broken["message"].startswith("device gone: "), broken["message"]
+    assert all(f"{doomed} is gone" in t["message"] for t in gone["tests"][met + 1:])
+    assert f"device gone: {gone['device_gone']['what']}" in proc.stdout
+
+
 # ------------------------------------------------------------------ the plan's host
 
 
 def test_the_plan_sees_how_much_cpu_the_hosts_neighbours_leave():
-    """Pinned to one core with a busy neighbour, a busy loop gets about half of it: the plan's
-    CPU-bound estimates (Rates.cpu) double."""
+    """Pinned to one core with three busy neighbours, a busy loop gets about a quarter of what
+    it got alone (alone: whatever else this host runs leaves it; three more take most of
+    that): the plan's CPU-bound estimates (Rates.cpu) grow with them."""
     core = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {core})
     try:
         alone = cpu_share(0.3)
-        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                     preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+        neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                       preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+                      for _ in range(3)]
         try:
             time.sleep(0.2)
             shared = cpu_share(0.6)
         finally:
-            neighbour.kill()
-            neighbour.wait()
+            for n in neighbours:
+                n.kill()
+                n.wait()
     finally:
         os.sched_setaffinity(0, before)
     assert shared < 0.75 * alone, (alone, shared)
