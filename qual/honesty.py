@@ -102,13 +102,13 @@ def check_io(result: IoResult, device: dict | None, identity: Identity) -> dict:
     return {**checked, **reads, "device_write_bytes": writes.get("device_bytes")}
 
 
-def run_checked(target, job) -> tuple[IoResult, dict]:
+def run_checked(target, job, progress=None) -> tuple[IoResult, dict]:
     """Prepare and run a job on a target, and check what it did against the device's own
     counters and the link: the result, and what was checked (ImplausibleMeasurement if the
-    result cannot be the device's)."""
+    result cannot be the device's). `progress(bytes, ops, seconds)` hears how far it is."""
     job = target.prepare(job)
     before = target.device_stat()
-    result = run_job(job)
+    result = run_job(job, progress=progress, interval=1.0)
     return result, check_io(result, between(before, target.device_stat()), target.identity)
 
 

@@ -131,14 +131,21 @@ def _check(table: dict) -> list[tuple[str, str]]:
 
 
 def _run(target: Target, table: dict, *, op: str, layout: str, bs: int, qd: int, runtime: float,
-         seed: int, samples: int | None = None) -> tuple[IoResult, dict]:
+         seed: int, samples: int | None = None, say=None,
+         label: str = "") -> tuple[IoResult, dict]:
     size = table["size"]
     job = target.job(op=op, pattern=layout, block_size=bs, queue_depth=qd,
                      workers=table["workers"], submit_batch=min(table["submit_batch"], qd),
                      size=size, runtime=runtime, bytes=samples * bs if samples else None,
                      backend=table["backend"], seed=seed,
                      command_timeout=table["command_timeout"])
-    result, checked = honesty.run_checked(target, job)
+
+    def running(done: int, _ops: int, seconds: float) -> None:  # said at most each 10 s
+        say(f"{label}: {units.format_duration(seconds)} of {units.format_duration(runtime)}, "
+            f"{units.format_size(done / seconds)}/s so far")
+
+    result, checked = honesty.run_checked(target, job,
+                                          running if say and runtime and label else None)
     context = {"target": job.target, "backend": result.backend, "rw": job.rw, "bs": bs, "qd": qd,
                "workers": job.workers, "bytes": result.bytes, "ops": result.ops,
                "elapsed_s": result.elapsed, "cpu_s": result.cpu, "region_bytes": size,
@@ -174,7 +181,8 @@ def run_cell(target: Target, table: dict, cell: Cell, *, seed: int = 1,
     mean of the measurement window."""
     def one_round():
         result, context = _run(target, table, op=cell.op, layout=cell.layout, bs=cell.bs,
-                               qd=cell.qd, runtime=table["runtime"], seed=seed)
+                               qd=cell.qd, runtime=table["runtime"], seed=seed, say=say,
+                               label=cell.label)
         return result.bandwidth, (result, context)
 
     ss = table.get("steady_state")
