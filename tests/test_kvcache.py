@@ -15,16 +15,18 @@ import numpy as np
 import pytest
 
 from qual.errors import TargetUnavailable
+from qual.honesty import ImplausibleMeasurement
 from qual.target.guard import UnsafeTarget
 from qual.target import Target
 from qual.thresholds import ProfileError, family_table
 from qual.workloads import kvcache
 from qual.workloads.kvcache.spec import MODELS, conversation_bytes, prefix_bytes
+from qual.workloads.kvcache import workload
 from qual.workloads.kvcache.tally import KEPT, Tally
 from qual.workloads.kvcache.workload import (Request, Tiers, holds, search_capacity,
                                              search_qos)
 
-from testbed import needs_root, sha256_of
+from testbed import needs_root, sh, sha256_of
 
 
 def table(**given):
@@ -67,6 +69,25 @@ def test_a_fixed_user_run_moves_what_the_device_counts(tmp_path, loop_device):
     assert found["kv_decode_bytes_read"].context["device_truth"] == "counted"
     kvcache.FAMILY.remove(Target(folder))
     assert not (folder / "qual-kvcache").exists()
+
+
+@needs_root
+def test_decode_reads_a_cache_served_are_refused(tmp_path, loop_device):
+    """Device truth: the store is a loop device whose backing file lives on the qualified
+    drive's filesystem, so each write batch's flush reaches the drive, but the decode reads
+    come back from that file's page cache, never from the drive: the run is an error that
+    says so."""
+    drive = loop_device.mount(loop_device(256 << 20), options="noatime")
+    backing = drive / "store.img"
+    with open(backing, "wb") as f:
+        f.truncate(128 << 20)
+    store = sh("losetup", "--find", "--show", str(backing))
+    try:
+        with pytest.raises(ImplausibleMeasurement, match="of KV entries read back: they did "
+                           "not reach the device"):
+            workload._serve(Target(drive), table(store_size="128 MiB"), store, 3, None)
+    finally:
+        sh("losetup", "--detach", store)
 
 
 def test_host_memory_serves_what_it_holds(tmp_path):

@@ -110,8 +110,14 @@ def test_the_device_counts_every_byte_on_a_raw_store(loop_device, backend):
 
 
 def test_a_write_batch_includes_its_fdatasync(misbehaving):
-    """On a file system whose flushes take a second, the batch's sync time holds it."""
+    """On a file system whose flushes take a second, the batch's sync time holds it; the file
+    system sees each batch's writes, then its flush, and a read batch flushes nothing."""
     storage = misbehaving("--fsync-delay", "1", size=4 * MiB)
     with KvStore(str(storage.file), block_size=MiB, direct=False) as kv:
         w = kv.write(entries_of([MiB], seed=1))
+        flushed = storage.requests()
+        kv.read([(0, engine.aligned_empty(MiB))])
     assert w.sync_s >= 1.0, f"{w.sync_s:.3f} s: the flush was not timed"
+    ops = [op for op, path in flushed if path == "stall.dat" and op in ("WRITE", "FSYNC")]
+    assert ops[-1] == "FSYNC" and "WRITE" in ops[:-1], flushed
+    assert storage.requests().count(("FSYNC", "stall.dat")) == ops.count("FSYNC")

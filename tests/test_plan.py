@@ -12,11 +12,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from qual.plan import calibration
+from qual.target.filesystem import label_for
 from testbed import CI_DEVICE, TINY_PROFILE, blank, needs_root, qual, serial_of, sh, sha256_of
 
 def test_plan_lists_every_test_and_runs_nothing(tmp_path):
@@ -274,3 +276,23 @@ def _released(dev: str) -> bool:
     except OSError:
         return False
 
+
+
+@needs_root
+@pytest.mark.parametrize("whose", ["qual-like", "another's qual label", "qual's"])
+def test_clean_erases_a_filesystem_only_where_its_label_proves_its_uuid(tmp_path, ram_device,
+                                                                        whose):
+    """qual's mark is "qual" and a hash of the filesystem's UUID: a label that merely looks
+    like qual's, or qual's label of another filesystem (its UUID differs), is never erased."""
+    dev = ram_device(64 << 20)
+    mine = str(uuid.uuid4())
+    label = {"qual-like": "qual1a2b3c4d", "another's qual label": label_for(str(uuid.uuid4())),
+             "qual's": label_for(mine)}[whose]
+    sh("mkfs.ext4", "-q", "-F", "-L", label, "-U", mine, dev)
+    cleaned = qual("clean", dev, cwd=tmp_path)
+    if whose == "qual's":
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert blank(dev)
+    else:
+        assert cleaned.returncode == 1 and "qual did not make" in cleaned.stderr, cleaned.stderr
+        assert f"LABEL=\"{label}\"" in sh("blkid", "-p", dev)

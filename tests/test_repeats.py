@@ -129,11 +129,14 @@ def test_a_repeated_outcome_judges_the_median_of_whole_runs():
         def measurements(self):
             return [_seq_read(self["v"], None)]
 
-    runs = Repeated([Run(v=v) for v in (3.0, 1.0, 2.0)])
+    # the last repetition is neither the median nor the first: judging either one fails
+    runs = Repeated([Run(v=v) for v in (3.0, 2.0, 1.0)])
     (m,) = runs.measurements()
-    assert m.value == 2.0 and m.repetitions == [3.0, 1.0, 2.0]
-    assert m.interval == [1.0, 3.0] and m.context["single"] == 2.0
-    assert runs["v"] == 2.0  # everything else is the last repetition's
+    assert m.value == 2.0 and m.repetitions == [3.0, 2.0, 1.0]
+    assert m.interval == [1.0, 3.0] and m.context["single"] == 1.0
+    assert runs["v"] == 1.0  # everything else is the last repetition's
+    (verdict,) = judge([m], load_profile(TINY_PROFILE, registry())).verdicts
+    assert verdict.value == 2.0
     # a figure with its own interval (an accuracy's) keeps the widest of them
     a = [_seq_read(0.7, [0.6, 0.8]), _seq_read(0.75, [0.65, 0.85])]
     (m,) = repeated([[a[0]], [a[1]]])
