@@ -1,6 +1,6 @@
 """SNIA PTS steady state: a tracking variable measured in rounds is steady once the last five
 rounds stay within 20 % of their mean and their least-squares line moves by at most 10 % of it
-(CloudHarmony isSteadyState, TKperf StdyState; reference/storage-qualification.md §2.6)."""
+(docs/ARCHITECTURE.md §9, SNIA PTS: as CloudHarmony isSteadyState and TKperf StdyState)."""
 
 from __future__ import annotations
 

@@ -61,3 +61,36 @@ def test_the_check_sees_a_family_name_where_one_is_written():
     words = family_words()
     assert "train_au" in words and "seq_read_bw" in words and "checkpoint" in words
     assert re.search(r"""["']train_au["']""", 'if c.metric == "train_au":')
+
+
+ROOT = QUAL.parent
+CITED = ("qual", "suites", "thresholds", "native", "tests", "benchmarks", "scripts", "docs")
+OUTSIDE = re.compile(r"reference/[\w-]+\.md|DOMAIN(?:\.md)? ?§|\bDESIGN\.md §")
+
+
+def sources_keys() -> set[str]:
+    """The keys of docs/ARCHITECTURE.md §9's table (its first column)."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("## 9. Sources", 1)[1]
+    return {row.split("|")[1].strip() for row in text.splitlines()
+            if row.startswith("| ") and not row.startswith("| key")}
+
+
+def test_the_code_cites_only_the_repository_and_only_sources_that_are_there():
+    """No comment, string or profile cites a file outside the repository (the project's
+    notes are not shipped); each `docs/ARCHITECTURE.md §9, KEY` names a key §9 holds."""
+    keys = sources_keys()
+    assert {"DLIO", "seed 004", "SNIA PTS", "MLPerf Storage v3.0"} <= keys, keys
+    outside, unknown = [], []
+    for folder in CITED:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".toml", ".c", ".h", ".md", ".mjs") or \
+                    path.name == "test_architecture.py":
+                continue
+            text = path.read_text(errors="replace")
+            where = path.relative_to(ROOT)
+            outside += [f"{where}: {m.group(0)}" for m in OUTSIDE.finditer(text)]
+            unknown += [f"{where}: {k}" for k in re.findall(r"ARCHITECTURE\.md §9, ([\w .]+?)[):]",
+                                                             " ".join(text.split()))
+                        if k not in keys]
+    assert not outside, "cites a file outside the repository:\n" + "\n".join(outside)
+    assert not unknown, "cites a source §9 does not hold:\n" + "\n".join(unknown)

@@ -1,7 +1,7 @@
 """From a model architecture, a parallel layout and a precision recipe to every rank's tensors
 (name, shape, dtype) in an LLM checkpoint, with the arithmetic that sizes it.
 
-The parameter count follows DLIO's checkpoint model (reference/dlio-mlperf-storage.md §1.5):
+The parameter count follows DLIO's checkpoint model (docs/ARCHITECTURE.md §9, DLIO):
 N = 2·V·h (embedding and untied lm_head) + L·[2h (norms) + h·(h + 2·kv) (QKV) + h² (output
 projection) + 3·h·ffn (gated MLP)] + h (final norm), with kv = (h / heads) · kv_heads.
 Tensors are split as Megatron-LM splits them: column-parallel Q, K, V, gate and up and
@@ -121,7 +121,7 @@ RECIPES = {
                          (State("master", "float32"), State("exp_avg", "float32"),
                           State("exp_avg_sq", "float32"))),
     # ~4 B/param: the only standard state that gives seed 004's 1,636 GB for 405B
-    # (reference/dlio-mlperf-storage.md §4)
+    # (docs/ARCHITECTURE.md §9, seed 004)
     "bf16-adam8bit": Recipe("bf16-adam8bit", "bf16 weights + 8-bit Adam m and v with an fp32 "
                             "scale per 2048 values (~4 B/param; reproduces seed 004's 1,636 GB "
                             "for LLaMA 3.1 405B)", "bfloat16",
@@ -133,8 +133,8 @@ RECIPES = {
 }
 
 
-# Published sizes the plans reproduce: DLIO / MLPerf Storage (reference/dlio-mlperf-storage.md
-# §1.5, "GB" there being GiB) and seed 004 (DOMAIN §3, decimal GB).
+# Published sizes the plans reproduce (docs/ARCHITECTURE.md §9): DLIO / MLPerf Storage ("GB"
+# there being GiB) and seed 004 (decimal GB).
 REFERENCES = {
     ("llama3.1-8b", "mixed-adam"): (105 * 2**30, "DLIO/MLPerf Storage llama3-8b, 105 GiB"),
     ("llama3-70b-dlio", "mixed-adam"): (911 * 2**30, "DLIO/MLPerf Storage llama3-70b, 911 GiB"),

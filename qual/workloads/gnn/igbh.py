@@ -1,5 +1,5 @@
 """The IGBH dataset on disk, read exactly as the IGB loaders read it, and a deterministic
-generator of synthetic IGBH in that same layout (reference/gids-bam-igb.md §3).
+generator of synthetic IGBH in that same layout (docs/ARCHITECTURE.md §9, IGB).
 
     <root>/<size>/processed/<ntype>/node_feat.npy          float32 [n, 1024]
     <root>/<size>/processed/paper/node_label_19.npy        labels (19 classes)

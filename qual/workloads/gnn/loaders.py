@@ -40,7 +40,7 @@ def accumulator_threshold(bandwidth: float, ssd_latency: float, system_latency: 
     """Node accesses to keep outstanding for fraction p of peak (GIDS
     set_required_storage_access): p * bw * 1024 / page * (l_ssd + l_system) * ssds / (1 - p),
     with bw in GB/s and latencies in microseconds. Defaults 5.8 GB/s, 11 + 20 us, 1 SSD,
-    4 KiB give 854 (reference/gids-bam-igb.md §2.4)."""
+    4 KiB give 854 (docs/ARCHITECTURE.md §9, GIDS)."""
     return int(p * bandwidth / 1e9 * 1024 / page_size * (ssd_latency + system_latency) * 1e6
                * ssds / (1 - p))
 

@@ -1,6 +1,6 @@
 """Drive health around every workload family: the NVMe SMART / health log (`nvme smart-log -o
-json`) before and after, judged as AutoVal's nvme_validate does (reference/storage-
-qualification.md §4.2): critical warning zero, no new media errors, temperature below the
+json`) before and after, judged as AutoVal's nvme_validate does (docs/ARCHITECTURE.md §9,
+AutoVal): critical warning zero, no new media errors, temperature below the
 drive's warning threshold, spare above its threshold, no new thermal-management transitions;
 new error-log entries and the bytes the drive counted as written are recorded next to the
 bytes the kernel sent it. While the family runs, the composite temperature is sampled (with

@@ -39,7 +39,7 @@ def explain(table: dict) -> tuple[dict, list[str]]:
                      f"{prefix_bytes(table) / 2**20:,.1f} MiB each, written once, read by "
                      "every decode of the conversations that share them")
     return {"model": m.name, "bytes_per_token": m.bytes_per_token,
-            "derivation": m.derivation(), "source": "reference/mlperf-storage-v3.md"}, lines
+            "derivation": m.derivation(), "source": "MLPerf Storage v3.0, kv_cache_benchmark"}, lines
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:

@@ -1,5 +1,5 @@
-"""The KV-cache family's spec (MLPerf Storage v3.0's KV-cache benchmark, reference/mlperf-storage-
-v3.md): the models whose attention keys and values are offloaded, the bytes one token's KV
+"""The KV-cache family's spec (MLPerf Storage v3.0's KV-cache benchmark; docs/ARCHITECTURE.md
+§9, MLPerf Storage v3.0): the models whose attention keys and values are offloaded, the bytes one token's KV
 entry takes, the users' QoS classes, the fields of the profile table and the metrics."""
 
 from __future__ import annotations

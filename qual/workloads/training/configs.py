@@ -1,8 +1,8 @@
 """DLIO's training workloads as published (dlio_benchmark/configs/workload/*.yaml, the same in
 MLPerf Storage v1.0 and v2.0), MLPerf Storage v3.0's new ones (mlcommons/storage
-configs/dlio/workload/*.yaml: RetinaNet, Flux, DLRM; reference/mlperf-storage-v3.md), seed
-001's UNet3D variant, and MLPerf Storage's dataset-size rule (reference/dlio-mlperf-storage.md
-§1.4, §2.2)."""
+configs/dlio/workload/*.yaml: RetinaNet, Flux, DLRM), seed 001's UNet3D variant, and MLPerf
+Storage's dataset-size rule (docs/ARCHITECTURE.md §9: DLIO, MLPerf Storage v2.0 and v3.0,
+seed 001)."""
 
 from __future__ import annotations
 
