@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pairing import fio
 from peer import bench_folder
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import family_table
 from qual.units import parse_size
 from qual.workloads import checkpoint

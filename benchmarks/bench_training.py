@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pairing import GIB, cpu_s
 from peer import bench_folder
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import training
 from qual.workloads.training import dataset

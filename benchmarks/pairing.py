@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from qual import honesty
-from qual.target import Target
+from qual.targets import Target
 
 GIB = 1 << 30
 

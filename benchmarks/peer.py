@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from qual.target import Target
+from qual.targets import Target
 
 
 def bench_folder(folder: str) -> tuple[Path, Target] | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qual import engine, honesty
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import kvcache
 from qual.workloads.kvcache.spec import drive_bytes

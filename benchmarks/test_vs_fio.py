@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from qual import engine
-from qual.target import Target
+from qual.targets import Target
 
 from pairing import Pairing, cpu_s, fio
 

@@ -22,7 +22,7 @@ from qual.engine import QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.session import LAST_RECORD
 from qual.record import RECORD_NAME
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
 from qual.workloads import registry
 from qual.workloads.base import duration, positive, size
@@ -92,7 +92,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io = sub.add_parser("io", help="run one I/O job (fio-like flags)",
                         description="Run one I/O job on a target and print what it measured.")
     io.add_argument("--target", default=None,
-                    help="file, directory or block device (default: .qual/target.dat)")
+                    help="file, directory or block device (default: .qual/targets.dat)")
     io.add_argument("--rw", choices=list(RW), default="randread")
     io.add_argument("--rwmixread", type=int, default=None, metavar="PERCENT",
                     help="rw/randrw: per cent of I/Os that read (default 50, as in fio)")
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "clean":
             target = Target(args.target)
             if target.kind == "block":
-                from qual.target.filesystem import erase_leftover
+                from qual.targets.filesystem import erase_leftover
 
                 erased = erase_leftover(str(target.path))
                 print(f"qual clean: {target.spec}: " + ("erased qual's filesystem" if erased

@@ -11,7 +11,7 @@ import time
 from qual import units, watchdog
 from qual.family import Family
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE, judge
-from qual.target import DEFAULT_TARGET, Target
+from qual.targets import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
 from qual.flags import add_field_flags, claimed, field_flags, flag_fields, flag_name, given
 from qual.workloads.base import duration

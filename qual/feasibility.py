@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from qual import units
 from qual.honesty import link_ceiling
-from qual.target import Identity
+from qual.targets import Identity
 from qual.thresholds import LINK, Profile
 
 

@@ -8,7 +8,7 @@ import math
 import re
 
 from qual.engine import IoResult, QualError, run_job
-from qual.target import DeviceStat, Identity
+from qual.targets import DeviceStat, Identity
 from qual.units import format_quantity
 
 DEVICE_SHARE = 0.9  # the device must see at least this share of the bytes a job moved

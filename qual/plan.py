@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from qual.family import Rates, Settings
 from qual.stats import median
-from qual.target import SPACE_RESERVE, Target, guard_refusals, scratch
-from qual.target.filesystem import usable_room
+from qual.targets import SPACE_RESERVE, Target, guard_refusals, scratch
+from qual.targets.filesystem import usable_room
 from qual.units import format_duration, format_size
 
 PER_TEST_S = 0.02  # pytest's own time around a test: set-up, the recorder, the Allure files

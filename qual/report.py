@@ -14,7 +14,7 @@ from pathlib import Path
 
 from qual import units
 from qual.charts import png, subplots
-from qual.target.identity import drive_label
+from qual.targets.identity import drive_label
 
 # Allure categories, matched in order (allurereport.org: categories file). A threshold or
 # baseline violation is an AssertionError (status failed); an engine or target error is any

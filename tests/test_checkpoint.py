@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from qual import engine
 from qual.judge import EXIT_INCOMPLETE
 from qual.engine import DataMismatch, Fault, NoSpace, QualError
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import checkpoint
 from qual.workloads.checkpoint import ranks

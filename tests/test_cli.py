@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from qual.target import Target
+from qual.targets import Target
 from testbed import TINY_PROFILE, load_record, needs_root, sha256_of
 
 

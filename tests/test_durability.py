@@ -13,7 +13,7 @@ from qual import engine
 from qual.engine import IoJob, run_job
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.record import TestResult
-from qual.target import Target
+from qual.targets import Target
 from qual.workloads import checkpoint
 
 from test_checkpoint import tiny

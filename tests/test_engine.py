@@ -330,7 +330,7 @@ def test_crc32c_matches_the_reference_at_every_length(length):
 @pytest.mark.skipif(not IS_ROOT, reason="loop devices need root")
 def test_a_70_30_mixed_job_splits_so_and_the_device_counts_each_direction(loop_device):
     from qual import honesty
-    from qual.target import Target
+    from qual.targets import Target
 
     dev = loop_device(64 << 20)
     target = Target(dev, allow_destructive=True, confirm_serial=Target(dev).identity.serial)
@@ -356,7 +356,7 @@ def test_a_70_30_mixed_job_splits_so_and_the_device_counts_each_direction(loop_d
 def test_a_mixed_job_with_verify_writes_the_pattern_and_checks_what_it_reads(tmp_path):
     """Reads in a mixed job check the pattern that the writes (and the set-up) laid down: a
     flipped byte under the region is found."""
-    from qual.target import Target
+    from qual.targets import Target
 
     target = Target(tmp_path)
     common = dict(block_size=4096, size=4 << 20, seed=9, verify=True, queue_depth=8)

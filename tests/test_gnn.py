@@ -14,7 +14,7 @@ import torch
 from qual.engine import DataMismatch, FeatureCache, page_residency
 from qual.judge import EXIT_INCOMPLETE, judge
 from qual.record import measure
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import family_table, load_profile
 from qual.workloads import gnn, registry
 from qual.workloads.gnn import store as feature_store

@@ -13,8 +13,8 @@ import pytest
 
 from qual import cli, engine
 from qual.engine import TargetUnavailable
-from qual.target import SCRATCH_NAME, Target, UnsafeTarget, marker_path
-from qual.target.guard import signatures
+from qual.targets import SCRATCH_NAME, Target, UnsafeTarget, marker_path
+from qual.targets.guard import signatures
 
 from testbed import needs_root, sh, sha256_of
 
@@ -85,7 +85,7 @@ def test_a_marker_that_matches_the_inode_but_not_the_token_is_refused(tmp_path, 
     """A scratch file that qual did sign, whose marker was replaced by one matching its inode,
     owner and generation but carrying another token (a second qual's marker copied over, or a
     forger who read the inode): only the token tells them apart, and it must."""
-    from qual.target import scratch
+    from qual.targets import scratch
 
     folder = tmp_path / "scratch"
     folder.mkdir()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qual.target import Target
+from qual.targets import Target
 from qual.workloads import registry
 from qual.thresholds import load_profile
 from qual.workloads.health import DATA_UNIT, Snapshot, measurements, ocp_throttling, unavailable

@@ -13,7 +13,7 @@ from testbed import TINY_PROFILE, load_record, needs_root, run_suite
 
 from qual import engine, honesty
 from qual.judge import EXIT_INCOMPLETE
-from qual.target import Identity, Target
+from qual.targets import Identity, Target
 from qual.workloads import checkpoint, gnn, training
 
 GEN3_X1 = Identity(transport="nvme", link_speed="8.0 GT/s PCIe", link_width="1")  # 0.98 GB/s
@@ -143,15 +143,15 @@ def test_gids_reads_must_reach_the_device():
 # pytest plugins (-p) that fake what the suites read about the device, no root needed
 FAKES = {
     "counters": """
-        from qual import target
-        from qual.target.identity import DeviceStat
+        from qual import targets as target
+        from qual.targets.identity import DeviceStat
 
         def pytest_configure(config):  # a device whose counters never move
             target.Target.device_stat = lambda self: DeviceStat(0, 0, 0, 0.0)
         """,
     "link": """
         import dataclasses
-        from qual import target
+        from qual import targets as target
 
         real = target.read_identity
 
@@ -180,7 +180,7 @@ def test_the_commands_run_the_suites_checks(tmp_path, monkeypatch, capsys):
     """`qual train` reads through the same checks as the suite: counters that never move make
     its O_DIRECT reads implausible."""
     from qual import cli
-    from qual.target.identity import DeviceStat
+    from qual.targets.identity import DeviceStat
 
     monkeypatch.setattr(Target, "device_stat", lambda self: DeviceStat(0, 0, 0, 0.0))
     rc = cli.main(["train", "--target", str(tmp_path), "--files", "16", "--record-scale",

@@ -13,7 +13,7 @@ from testbed import TINY_ALL, flip_byte, load_record, needs_root, run_suite, sha
 
 from qual import engine
 from qual.engine import Fault, verify_block, verify_blocks
-from qual.target import Target, UnsafeTarget
+from qual.targets import Target, UnsafeTarget
 from qual.thresholds import ProfileError, family_table
 from qual.workloads import integrity
 

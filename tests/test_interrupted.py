@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from qual.target import SCRATCH_NAME, Target
-from qual.target.scratch import prove
+from qual.targets import SCRATCH_NAME, Target
+from qual.targets.scratch import prove
 from qual.thresholds import family_table
 from qual.workloads import training
 from qual.workloads.training import dataset

@@ -16,8 +16,8 @@ import pytest
 
 from qual.errors import TargetUnavailable
 from qual.honesty import ImplausibleMeasurement
-from qual.target.guard import UnsafeTarget
-from qual.target import Target
+from qual.targets.guard import UnsafeTarget
+from qual.targets import Target
 from qual.thresholds import ProfileError, family_table
 from qual.workloads import kvcache
 from qual.workloads.kvcache.spec import MODELS, conversation_bytes, prefix_bytes

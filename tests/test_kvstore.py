@@ -12,7 +12,7 @@ import pytest
 
 from qual import engine
 from qual.engine import DeviceIoError, Fault, InvalidJob, KvStore
-from qual.target import Target
+from qual.targets import Target
 
 from testbed import needs_root
 

@@ -1,4 +1,4 @@
-"""nvme-cli in one module, and the PTS purge as a guarded operation (qual/target/nvme.py). There
+"""nvme-cli in one module, and the PTS purge as a guarded operation (qual/targets/nvme.py). There
 is no NVMe drive here: two loop devices stand in for two namespaces of one controller (block
 device nodes named nvme9n1 and nvme9n2, made beside each other), and a stand-in `nvme` on PATH
 answers Identify Controller (its FNA), the active namespace list, and records any format."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from qual.target import Target, nvme
-from qual.target.guard import UnsafeTarget
+from qual.targets import Target, nvme
+from qual.targets.guard import UnsafeTarget
 from qual.workloads import pts
 
 from testbed import needs_root, sh

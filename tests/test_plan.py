@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from qual.plan import calibration
-from qual.target.filesystem import label_for
+from qual.targets.filesystem import label_for
 from testbed import CI_DEVICE, TINY_PROFILE, blank, needs_root, qual, serial_of, sh, sha256_of
 
 def test_plan_lists_every_test_and_runs_nothing(tmp_path):

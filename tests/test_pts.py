@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from qual import steady
-from qual.target import Target, UnsafeTarget
+from qual.targets import Target, UnsafeTarget
 from qual.thresholds import family_table
 from qual.workloads import pts
 

@@ -18,7 +18,7 @@ from qual import shipped
 from qual.plan import cpu_share, time_limit
 from qual.plugin.progress import Eta, Inner
 from qual.plugin.session import STALL_NOTE
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import bandwidth
 from testbed import (TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, needs_root, qual,

@@ -53,7 +53,7 @@ def test_rounds_stop_when_steady_and_give_up_after_the_limit():
 
 
 def test_a_write_cell_runs_in_rounds_and_reports_its_window(tmp_path):
-    from qual.target import Target
+    from qual.targets import Target
     from qual.thresholds import family_table
     from qual.workloads import bandwidth
 

@@ -10,9 +10,9 @@ import pytest
 
 from qual import engine
 from qual.engine import TargetUnavailable
-from qual.target import DEFAULT_TARGET, SCRATCH_NAME, Target, UnsafeTarget, guard_refusals, \
+from qual.targets import DEFAULT_TARGET, SCRATCH_NAME, Target, UnsafeTarget, guard_refusals, \
     marker_path
-from qual.target.scratch import prove
+from qual.targets.scratch import prove
 from testbed import IS_ROOT, needs_root, sh, sha256_of
 
 MiB = 1 << 20

@@ -19,7 +19,7 @@ from testbed import TINY_ALL, TINY_PROFILE, load_record, needs_root, run_suite
 
 from qual import cli, command, engine
 from qual.engine import Fault, InvalidJob, SampleReader
-from qual.target import Target
+from qual.targets import Target
 from qual.thresholds import ProfileError, family_table
 from qual.workloads import registry, training
 from qual.workloads.training import accelerators, configs, dataset

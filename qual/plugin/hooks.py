@@ -24,7 +24,7 @@ from qual.plugin.session import (DEPARTED, DEVICE_ERROR, DRIVE, QUAL_FIXTURES, Q
                                  qual_session, short_message)
 from qual.record import Measurement
 from qual.flags import claimed
-from qual.target import DEFAULT_TARGET
+from qual.targets import DEFAULT_TARGET
 from qual.workloads.base import Repeated
 
 RECORDER_KEY = pytest.StashKey["Recorder"]()

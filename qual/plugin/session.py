@@ -18,7 +18,7 @@ import pytest
 from qual import engine, report, thresholds, watchdog
 from qual.engine import QualError
 from qual.plan import Plan, Selected, make_plan
-from qual.target.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, erase_leftover,
+from qual.targets.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, erase_leftover,
                                    private_mounts)
 from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE
 from qual.plugin.journal import JOURNAL_NAME, Journal
@@ -26,7 +26,7 @@ from qual.plugin.progress import Eta, Inner
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
 from qual.record import (RECORD_NAME, Baseline, Measurement, RunRecord, TestResult, drive_model,
                          qual_version, summarize, write_record)
-from qual.target import DEFAULT_TARGET, Target, drive_label
+from qual.targets import DEFAULT_TARGET, Target, drive_label
 from qual.workloads import registry
 
 SESSION_KEY = pytest.StashKey["QualSession"]()
@@ -138,7 +138,7 @@ class QualSession:
                 self.stall_note(spec).unlink(missing_ok=True)
         if self.raw and os.geteuid() == 0:
             # now, while this process has one thread: the filesystem qual may make on the
-            # device is mounted where only this process sees it (target/filesystem.py)
+            # device is mounted where only this process sees it (targets/filesystem.py)
             with contextlib.suppress(QualError):
                 private_mounts()
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from qual import engine, honesty, steady, units
 from qual.engine import IoResult
 from qual.record import Measurement, measure
-from qual.target import Target
+from qual.targets import Target
 from qual.workloads.base import Outcome, backend_field
 from qual.workloads.bandwidth import charts
 from qual.family import Family, Field, Metric, Param, Rates, Work, format_block, measurement_id

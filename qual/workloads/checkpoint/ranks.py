@@ -24,8 +24,8 @@ import numpy as np
 
 from qual import engine, honesty
 from qual.engine import DataMismatch, QualError
-from qual.target import device_stat
-from qual.target.scratch import drop_cache
+from qual.targets import device_stat
+from qual.targets.scratch import drop_cache
 from qual.workloads.checkpoint.plan import RankPlan, plan_from
 from qual.workloads.checkpoint.store import (CheckpointStore, IncompleteCheckpoint, load,
                                              rank_file)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from qual import engine
 from qual.engine import DataMismatch, QualError
-from qual.target.scratch import fsync_dir, own_folder
+from qual.targets.scratch import fsync_dir, own_folder
 
 ROOT_NAME = "qual-checkpoints"
 MARKER = ".qual-checkpoints.json"

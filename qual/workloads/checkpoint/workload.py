@@ -19,7 +19,7 @@ from pathlib import Path
 
 from qual import watchdog
 from qual.engine import NoSpace, QualError, TargetUnavailable, error_for
-from qual.target import Target
+from qual.targets import Target
 from qual.workloads.checkpoint import ranks
 from qual.workloads.checkpoint.store import CheckpointStore, load as load_set
 from qual.workloads.checkpoint.spec import MLPERF_CHECKPOINTS, plan_of

@@ -14,7 +14,7 @@ import numpy as np
 
 from qual import engine
 from qual.engine import DataMismatch
-from qual.target.scratch import drop_cache, own_folder
+from qual.targets.scratch import drop_cache, own_folder
 from qual.workloads.gnn.igbh import FEATURE_DIM, IGBH, NODE_TYPES
 
 FOLDER = "qual-gnn"

@@ -15,8 +15,8 @@ import numpy as np
 from qual import honesty
 from qual.units import format_duration
 from qual.engine import QualError, TargetUnavailable
-from qual.target import Target
-from qual.target.scratch import own_folder, remove_made
+from qual.targets import Target
+from qual.targets.scratch import own_folder, remove_made
 from qual.workloads.gnn import store as feature_store
 from qual.workloads.gnn.igbh import CALIBRATION, CLASSES, IGBH, MARKER, generate, synthetic_name
 from qual.workloads.gnn.spec import DATASETS

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from qual.family import Family, Field, Metric, Param, Watcher, measurement_id
 from qual.record import Measurement, measure
-from qual.target import nvme
+from qual.targets import nvme
 from qual.workloads import registry
 
 NAME = "health"

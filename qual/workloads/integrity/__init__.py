@@ -11,7 +11,7 @@ from qual import engine, honesty, units
 from qual.workloads.base import Outcome, backend_field
 from qual.family import Family, Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
-from qual.target import Target
+from qual.targets import Target
 
 NAME = "integrity"
 PATTERNS = ("sequential", "random")

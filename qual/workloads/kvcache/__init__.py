@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from qual.family import Family, Flags, Rates, Work
-from qual.target import Target
+from qual.targets import Target
 from qual.workloads.kvcache.results import KvCacheOutcome
 from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
                                          drive_bytes, prefix_bytes, turn_entries)

@@ -22,8 +22,8 @@ import numpy as np
 
 from qual import engine, honesty
 from qual.errors import TargetUnavailable
-from qual.target import Target
-from qual.target.scratch import fsync_dir, own_folder, remove_made
+from qual.targets import Target
+from qual.targets.scratch import fsync_dir, own_folder, remove_made
 from qual.workloads.kvcache.spec import (MODELS, conversation_bytes, drive_bytes,
                                          entry_bytes, prefix_bytes, targets, turn_entries)
 from qual.workloads.kvcache.tally import Tally

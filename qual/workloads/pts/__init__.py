@@ -22,7 +22,7 @@ from qual import engine, honesty, steady
 from qual.engine import IoResult
 from qual.family import Family, Field, Metric, Param, Rates, Work, format_block
 from qual.record import Measurement, measure
-from qual.target import Target, nvme
+from qual.targets import Target, nvme
 from qual.workloads.base import Outcome, backend_field
 from qual.workloads.bandwidth import merge_rounds
 
@@ -141,7 +141,7 @@ def purge(target: Target, table: dict) -> dict:
     """The PTS purge. The guard decides first: a purge is a write of the whole region, so a
     target qual may not write is refused before anything else. Then an NVMe namespace is
     formatted with a user-data erase (nvme format --ses=1), itself guarded: where the format
-    reaches every namespace of the controller, each must pass the guard (qual/target/nvme.py).
+    reaches every namespace of the controller, each must pass the guard (qual/targets/nvme.py).
     Any other target keeps what it holds, and the returned caveat says so."""
     target.prepare(target.job(op="write", pattern="sequential", block_size=WIPC_BS,
                               size=table["size"], bytes=WIPC_BS))  # UnsafeTarget if refused

@@ -16,8 +16,8 @@ import numpy as np
 
 from qual import engine
 from qual.engine import IoJob, NoSpace, TargetUnavailable
-from qual.target import Target
-from qual.target.scratch import drop_cache, fsync_dir, own_folder, remove_made
+from qual.targets import Target
+from qual.targets.scratch import drop_cache, fsync_dir, own_folder, remove_made
 from qual.units import format_size
 from qual.workloads.training.configs import Workload
 

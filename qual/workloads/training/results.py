@@ -6,7 +6,7 @@ from __future__ import annotations
 from qual import honesty
 from qual.workloads.base import ResultOutcome
 from qual.record import Measurement, measure
-from qual.target import Target
+from qual.targets import Target
 from qual.units import format_size
 from qual.workloads.training import charts
 from qual.workloads.training.spec import METRICS, NAME

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from qual import engine
-from qual.target import Target
+from qual.targets import Target
 from qual.workloads.training import accelerators, configs, dataset
 from qual.workloads.training.accelerators import Epoch, Plan
 from qual.workloads.training.configs import WORKLOADS, Workload

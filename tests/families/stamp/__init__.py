@@ -15,7 +15,7 @@ from qual import charts
 from qual.errors import TargetUnavailable
 from qual.family import Family, Field, Metric, Param, measurement_id
 from qual.record import Measurement, measure
-from qual.target.scratch import fsync_dir, own_folder, remove_made
+from qual.targets.scratch import fsync_dir, own_folder, remove_made
 from qual.workloads.base import Outcome
 
 NAME = "stamp"

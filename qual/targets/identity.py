@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from qual.target import nvme as nvme_cli
+from qual.targets import nvme as nvme_cli
 
 SYS_BLOCK = Path("/sys/dev/block")
 

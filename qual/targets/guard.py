@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qual.errors import QualError
-from qual.target.identity import (Identity, dev_number, disk_dir, partitions, sysfs_dir)
+from qual.targets.identity import (Identity, dev_number, disk_dir, partitions, sysfs_dir)
 
 PROBE_TIMEOUT = 30  # seconds a signature tool may take
 MD_MAGIC = 0xA92B4EFC  # Linux md superblock magic (0.90 and 1.x)
@@ -92,7 +92,7 @@ def guard_refusals(devnode: str, identity: Identity, *, allow_destructive: bool,
 def _leftover(devnode: str) -> list[Refusal]:
     """A hint beside the signature refusals when the signature is qual's own filesystem, left
     by a run that was killed before it could erase it."""
-    from qual.target.filesystem import is_qual_filesystem, probe
+    from qual.targets.filesystem import is_qual_filesystem, probe
 
     try:
         found = probe(devnode)

@@ -20,17 +20,17 @@ from pathlib import Path
 
 from qual import engine
 from qual.engine import IoJob, NoSpace, TargetUnavailable
-from qual.target import scratch
-from qual.target.guard import CLI_FLAGS, Refusal, UnsafeTarget, guard_refusals
-from qual.target.identity import (DeviceStat, Identity, device_stat, drive_label, read_identity,
+from qual.targets import scratch
+from qual.targets.guard import CLI_FLAGS, Refusal, UnsafeTarget, guard_refusals
+from qual.targets.identity import (DeviceStat, Identity, device_stat, drive_label, read_identity,
                                   read_sysfs, sysfs_dir)
-from qual.target.scratch import fsync_dir, marker_path
+from qual.targets.scratch import fsync_dir, marker_path
 from qual.units import format_size
 
 __all__ = ["DEFAULT_TARGET", "SCRATCH_NAME", "DeviceStat", "Identity", "Refusal", "Target",
            "UnsafeTarget", "device_stat", "drive_label", "fsync_dir", "guard_refusals", "marker_path"]
 
-DEFAULT_TARGET = ".qual/target.dat"
+DEFAULT_TARGET = ".qual/targets.dat"
 SCRATCH_NAME = "qual-target.dat"
 FILL_BLOCK = 1 << 20
 FILL_DEPTH = 8

@@ -107,7 +107,7 @@ def format_namespace(target, *, ses: int = 1, guard_other) -> dict:
     other namespace must pass the guard (`guard_other(path)` raises UnsafeTarget), and the
     active namespaces must all be known by a device node; else nothing is formatted and the
     refusal names them."""
-    from qual.target.guard import Refusal, UnsafeTarget  # the guard reads identity, which reads us
+    from qual.targets.guard import Refusal, UnsafeTarget  # the guard reads identity, which reads us
 
     devnode = str(target.path)
     if not available():
