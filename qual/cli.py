@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from qual import command, engine, record, report, shipped, units, watchdog
-from qual.judge import EXIT_INCONCLUSIVE
+from qual.exits import Exit, help_text
 from qual.engine import QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.session import LAST_RECORD
@@ -44,14 +44,8 @@ def version() -> str:
     return f"qual {mine} (io_uring: {uring}; psync: available)"
 
 
-RUN_EXIT_CODES = """exit status:
-  0  PASS: every criterion judged and met
-  1  FAIL: a criterion failed, a drive returned an error, or a test could not measure (ERROR)
-  2  usage: an argument of qual run's own it cannot parse
-  4  refused before any I/O (the plan, a bad profile, a pytest usage error): nothing written
-  5  INCONCLUSIVE: nothing failed, but the noise is larger than the question
-  6  INCOMPLETE: nothing failed, but a criterion was not judged
-  130  interrupted (Ctrl-C)"""
+RUN_EXIT_CODES = help_text(Exit.PASS, Exit.FAIL, Exit.USAGE, Exit.REFUSED, Exit.INCONCLUSIVE,
+                           Exit.INCOMPLETE, Exit.INTERRUPTED)
 
 
 def _plugin_options() -> str:
@@ -210,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         families = registry()
     except QualError as e:
         print(f"qual: error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     parser = _parser(families)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
@@ -237,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 erased = erase_leftover(str(target.path))
                 print(f"qual clean: {target.spec}: " + ("erased qual's filesystem" if erased
                                                         else "no filesystem of qual's on it"))
-                return 0
+                return Exit.PASS
             folder = target.directory
             before = set(folder.iterdir()) if folder is not None and folder.is_dir() else set()
             removed = target.cleanup()
@@ -250,17 +244,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"qual clean: removed {path}")
             if not removed:
                 print(f"qual clean: nothing of qual's on {target.spec}")
-            return 0
+            return Exit.PASS
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return Exit.FAIL
     except KeyboardInterrupt:
         print(f"qual {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
     except BrokenPipeError:  # the reader went away (`qual ... | head`): nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    return 2
+        return Exit.BROKEN_PIPE
+    return Exit.USAGE
 
 
 def cmd_io(args) -> int:
@@ -291,7 +285,7 @@ def cmd_io(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(human_line(result))
-    return 0
+    return Exit.PASS
 
 
 def _run_io(job: engine.IoJob, args) -> engine.IoResult:
@@ -330,7 +324,6 @@ def human_line(result: engine.IoResult) -> str:
 
 
 DEFAULT_COMMAND_TIMEOUT_S = watchdog.DEFAULT_COMMAND_TIMEOUT_S
-EXIT_BAD_PROFILE = 4  # as `qual run`'s usage errors: nothing was run
 REPORT_MARK = ".qual-report"  # in a report folder qual made: the only kind it overwrites
 REPORT_TIMEOUT_S = 600  # building a report of thousands of results takes seconds, not minutes
 
@@ -340,7 +333,7 @@ def cmd_report(args) -> int:
 
     def fail(message: str) -> int:
         print(f"qual report: error: {message}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
 
     allure_dirs, records = [], []
     for folder in map(Path, args.results):
@@ -403,13 +396,13 @@ def cmd_report(args) -> int:
           + ("FAILED" if broken else "passed"))
     for rule in broken:
         print(f"  {rule['rule']}: {rule['message']}")
-    return 1 if broken else 0
+    return Exit.FAIL if broken else Exit.PASS
 
 
 def cmd_compare(args) -> int:
     def fail(message: str) -> int:
         print(f"qual compare: error: {message}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
 
     if len(args.records) < 2:
         return fail("give the baseline run record(s), then the new one")
@@ -470,10 +463,10 @@ def cmd_compare(args) -> int:
             print(f"INCONCLUSIVE: {r.line()}")
         print(f"to make the new run the baseline: {refresh}")
     if regressed:
-        return 1
+        return Exit.FAIL
     if unsure:
-        return EXIT_INCONCLUSIVE
-    return 3 if improved and not args.accept_improvements else 0
+        return Exit.INCONCLUSIVE
+    return Exit.IMPROVED if improved and not args.accept_improvements else Exit.PASS
 
 
 def cmd_run(args, extra: list[str], families: dict) -> int:
@@ -482,7 +475,7 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     if args.resume and args.results and Path(args.results) != Path(args.resume):
         print("qual run: error: --resume RESULTS is the results folder; --results names "
               "another", file=sys.stderr)
-        return 4
+        return Exit.REFUSED
     results = Path(args.resume or args.results or "qual-results")
     alluredir = results / "allure-results"
     profile, targets = args.profile or "ci", args.target or ()
@@ -491,7 +484,7 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
             run = resumed_run(results)
         except ValueError as e:
             print(f"qual run: error: --resume: {e}", file=sys.stderr)
-            return 4
+            return Exit.REFUSED
         profile, targets = args.profile or run["profile"], args.target or run["targets"]
         extra = [*extra, "--qual-resume"]
     suites = [str(shipped("suites"))] + [str(f.suite) for f in families.values() if f.suite]
@@ -504,7 +497,7 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     if args.json:
         print(f"qual run: error: --json goes with --plan (the run's record is "
               f"{results / RECORD_NAME})", file=sys.stderr)
-        return 4  # bad options, before any I/O (pytest's usage error)
+        return Exit.REFUSED  # bad options, before any I/O (pytest's usage error)
     if _distributed(extra):  # the plan, and its refusals, before any worker starts
         code, doc, said = _collect_plan(argv + extra)
         if code != 0:
@@ -593,26 +586,26 @@ def cmd_profiles(families: dict, check: str | None = None, as_json: bool = False
                 doc["problems"] = [f"{k}: {why}" for _, k, why in e.problems]
             docs.append(doc)
         print(json.dumps(docs, indent=2))
-        return 0
+        return Exit.PASS
     if check is None:
         width = max(len(name) for name, _, _ in rows)
         for name, description, _ in rows:
             print(f"{name:<{width}}  {description}")
-        return 0
+        return Exit.PASS
     failed = 0
     for spec in [check] if check else [name for name, _, _ in rows]:
         try:
             profile = thresholds.load_profile(spec, families)
         except thresholds.ProfileError as e:  # as `qual run` says it: exit 4, a line each
             print(f"qual profiles: error: {spec}: invalid profile:\n{e}", file=sys.stderr)
-            return EXIT_BAD_PROFILE
+            return Exit.REFUSED
         problems = feasibility.problems(profile, families)
         print(f"{profile.name}: " + ("feasible" if not problems else
                                      f"{len(problems)} bound(s) no drive of the class can meet"))
         for p in problems:
             print(f"  {p}")
         failed += bool(problems)
-    return 1 if failed else 0
+    return Exit.FAIL if failed else Exit.PASS
 
 
 def entry() -> int:

@@ -10,7 +10,8 @@ import time
 
 from qual import units, watchdog
 from qual.family import Family
-from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE, judge
+from qual.exits import Exit
+from qual.judge import judge
 from qual.targets import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
 from qual.flags import add_field_flags, claimed, field_flags, flag_fields, flag_name, given
@@ -107,7 +108,7 @@ def watched(name: str, target: str | None, command_timeout: float) -> watchdog.W
               "command made there stays until `qual clean` removes it, once the storage "
               "answers", file=sys.stderr)
         watchdog.kill_descendants()
-        watchdog.exit_now(1)
+        watchdog.exit_now(Exit.FAIL)
     return watchdog.watching(command_timeout, stalled)
 
 
@@ -187,14 +188,14 @@ def run(args, families: dict[str, Family]) -> int:
         if verdict.failing:
             print(f"qual {name}: {len(verdict.failing)} of {verdict.checks} checks failed "
                   f"against profile {profile.name}", file=sys.stderr)
-            return 1
+            return Exit.FAIL
         if verdict.unverified:
             print(f"qual {name}: INCOMPLETE: {len(verdict.unverified)} criteria of profile "
                   f"{profile.name} not judged without proof: {verdict.unverified[0]}",
                   file=sys.stderr)
-            return EXIT_INCOMPLETE
+            return Exit.INCOMPLETE
         unsure = [v.line() for v in verdict.verdicts if v.inconclusive]
         if unsure:
             print(f"qual {name}: INCONCLUSIVE: {unsure[0]}", file=sys.stderr)
-            return EXIT_INCONCLUSIVE
+            return Exit.INCONCLUSIVE
     return outcome.exit_status()

@@ -18,9 +18,6 @@ from qual.honesty import ImplausibleMeasurement, unproven
 from qual.record import Baseline, Measurement, Regression
 from qual.thresholds import Profile, Verdict
 
-EXIT_INCOMPLETE = 6  # `qual run`, `qual <family> --profile`: nothing failed, something unjudged
-EXIT_INCONCLUSIVE = 5  # nothing failed, but the noise is larger than the question: `qual
-#                        compare`'s gate, or a run whose profile says `straddle = "inconclusive"`
 
 
 @dataclass

@@ -94,3 +94,17 @@ def test_the_code_cites_only_the_repository_and_only_sources_that_are_there():
                         if k not in keys]
     assert not outside, "cites a file outside the repository:\n" + "\n".join(outside)
     assert not unknown, "cites a source §9 does not hold:\n" + "\n".join(unknown)
+
+
+def test_exit_statuses_are_decided_by_name_from_one_table():
+    """qual.exits holds every status qual ends with; no module spells one as a number (the
+    command line's returns included), so the help's table is the whole truth."""
+    bare = re.compile(r"(?:returncode=|exit_now\(|sys\.exit\(|exitstatus = )\s*\d")
+    found = [f"{p.relative_to(QUAL)}:{text.count(chr(10), 0, m.start()) + 1}"
+             for p in sorted(QUAL.rglob("*.py")) for text in [p.read_text()]
+             for m in bare.finditer(text)]
+    cli = (QUAL / "cli.py").read_text()
+    found += [f"cli.py:{cli.count(chr(10), 0, m.start()) + 1}"
+              for m in re.finditer(r"\breturn \d+\b", cli)]
+    assert not found, "an exit status spelled as a number:\n" + "\n".join(found)
+    assert bare.search("pytest.exit(said, returncode=4)")

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qual import engine
-from qual.judge import EXIT_INCOMPLETE
+from qual.exits import Exit
 from qual.engine import DataMismatch, Fault, NoSpace, QualError
 from qual.targets import Target
 from qual.thresholds import family_table
@@ -464,7 +464,7 @@ def test_only_the_checkpoint_suite_leaves_the_other_criteria_unjudged(tmp_path):
     proc, results = run_suite(tmp_path, "-k", "not torch", suite="test_checkpoint.py",
                               profile=TINY_ALL)
     summary = load_record(results)["summary"]
-    assert proc.returncode == EXIT_INCOMPLETE and summary["checks_failed"] == 0
+    assert proc.returncode == Exit.INCOMPLETE and summary["checks_failed"] == 0
     assert summary["verdict"] == "INCOMPLETE"
     assert summary["not_judged"] and not any(i.startswith("ckpt_")
                                              for i in summary["not_judged"])

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from qual.engine import DataMismatch, FeatureCache, page_residency
-from qual.judge import EXIT_INCOMPLETE, judge
+from qual.exits import Exit
+from qual.judge import judge
 from qual.record import measure
 from qual.targets import Target
 from qual.thresholds import family_table, load_profile
@@ -637,7 +638,7 @@ def test_an_accuracy_whose_interval_holds_the_bound_says_so(interval, straddles)
 def test_the_gnn_suite_passes_and_records(tmp_path):
     proc, results = run_suite(tmp_path, "-k", "not gpu", suite="test_gnn.py", profile=TINY_ALL)
     # only the GNN criteria are judged: the run is INCOMPLETE, not FAIL
-    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = load_record(results)
     ids = {m["id"] for t in record["tests"] for m in t["measurements"]}
     assert {"gnn_accuracy[loader=gids]", "gnn_accuracy[loader=mmap]", "gnn_speedup",

@@ -12,7 +12,7 @@ import pytest
 from testbed import TINY_PROFILE, load_record, needs_root, run_suite
 
 from qual import engine, honesty
-from qual.judge import EXIT_INCOMPLETE
+from qual.exits import Exit
 from qual.targets import Identity, Target
 from qual.workloads import checkpoint, gnn, training
 
@@ -22,7 +22,7 @@ GEN3_X1 = Identity(transport="nvme", link_speed="8.0 GT/s PCIe", link_width="1")
 @needs_root
 def test_a_target_without_device_counters_is_incomplete_not_passed(tmp_path, tmpfs):
     proc, results = run_suite(tmp_path, f"--qual-target={tmpfs / 'drive.dat'}")
-    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-3000:]
+    assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-3000:]
     summary = load_record(results)["summary"]
     assert summary["verdict"] == "INCOMPLETE" and summary["checks_passed"] == 0
     assert set(summary["not_judged"]) == {"seq_read_bw[bs=64K,qd=4]",

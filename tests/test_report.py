@@ -19,7 +19,7 @@ import pytest
 from testbed import TINY_ALL, TINY_PROFILE, Chromium, load_record, needs_root, run_suite
 
 from qual import report, units
-from qual.judge import EXIT_INCOMPLETE
+from qual.exits import Exit
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "qual-results" / "test-artifacts"
 
@@ -405,10 +405,10 @@ def test_long_workloads_show_progress_unless_quiet(tmp_path):
     assert "accelerator(s), epoch 2/2" in loud.stdout, loud.stdout[-2000:]
     quiet, _ = run_suite(tmp_path / "quiet", "-q", suite="test_training_io.py", profile=TINY_ALL)
     assert "epoch 2/2" not in quiet.stdout + quiet.stderr
-    assert quiet.returncode == EXIT_INCOMPLETE  # only the training criteria judged
+    assert quiet.returncode == Exit.INCOMPLETE  # only the training criteria judged
 
 
 def test_progress_under_xdist_names_the_worker(tmp_path):
     proc, _ = run_suite(tmp_path, "-n", "2", suite="test_training_io.py", profile=TINY_ALL)
-    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout[-2000:]
+    assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-2000:]
     assert "[gw" in proc.stderr and "epoch 2/2" in proc.stderr

@@ -20,7 +20,7 @@ from qual.engine import QualError
 from qual.plan import Plan, Selected, make_plan
 from qual.targets.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, erase_leftover,
                                    private_mounts)
-from qual.judge import EXIT_INCOMPLETE, EXIT_INCONCLUSIVE
+from qual.exits import Exit
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.progress import Eta, Inner
 from qual.plugin.recorder import PAYLOAD, Judging, Recorder
@@ -36,7 +36,6 @@ STATUS, QUAL_TEST, TARGET_INFO, DRIVE, WHERE, DEVICE_ERROR = (
 DEPARTED = "qual_device_gone"
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
-EXIT_REFUSED = 4  # the plan refused the run: nothing was written
 PLUGIN_FLAGS = ("--qual-allow-destructive", "--qual-confirm-serial")  # the guard's refusals
 LAST_RECORD = ".last-" + RECORD_NAME  # the previous run's record, kept by `qual run` for the plan
 STALL_NOTE = ".stalled.json"  # beside a drive's record: a worker found it stopped (xdist)
@@ -375,7 +374,7 @@ class QualSession:
                     self.plans[spec].left_out = self.left_out(spec)
                     self.eta.plan(self.plans[spec].as_dict()["tests"])
         except QualError as e:
-            pytest.exit(f"qual: the run cannot be planned: {e}", returncode=EXIT_REFUSED)
+            pytest.exit(f"qual: the run cannot be planned: {e}", returncode=Exit.REFUSED)
         refused = [f"{spec}: {r}" if len(self.plans) > 1 else r
                    for spec, plan in self.plans.items() for r in plan.refusals]
         if opt.qual_plan:
@@ -385,7 +384,8 @@ class QualSession:
                 print(text)
             else:
                 Path(opt.qual_plan).write_text(text + "\n")
-            pytest.exit("qual: plan made, nothing run", returncode=EXIT_REFUSED if refused else 0)
+            pytest.exit("qual: plan made, nothing run",
+                        returncode=Exit.REFUSED if refused else Exit.PASS)
         if not refused:
             self._limit(session.items)
             self._watch(session.items)
@@ -393,7 +393,7 @@ class QualSession:
         said = "qual: refused before any I/O, nothing was written:\n" + \
             "\n".join(f"  - {r}" for r in refused)
         if self.worker is None:
-            pytest.exit(said, returncode=EXIT_REFUSED)
+            pytest.exit(said, returncode=Exit.REFUSED)
         # an xdist worker has already told the controller what it collected: every test it is
         # given fails in set-up, untouched, and the worker stops (`qual run -n` plans first)
         self.refused = said
@@ -416,7 +416,7 @@ class QualSession:
                                        self.open_target(spec).identity.as_dict())
             if said:
                 pytest.exit(f"qual: --qual-resume {journal.path}: another drive or run: "
-                            + "; ".join(said), returncode=EXIT_REFUSED)
+                            + "; ".join(said), returncode=Exit.REFUSED)
             if spec in self.raw and not plan_only:
                 with contextlib.suppress(QualError):  # not qual's: the guard names it
                     erase_leftover(spec)
@@ -556,7 +556,7 @@ class QualSession:
                 else:
                     print(line, file=sys.__stdout__)
         watchdog.kill_descendants()
-        watchdog.exit_now(1)
+        watchdog.exit_now(Exit.FAIL)
 
     # ---- one drive of a rig stops (xdist): it fails alone
 
@@ -580,7 +580,7 @@ class QualSession:
         print(f"[{self.worker}] qual: {said}; {spec}'s other tests are skipped, the other "
               "drives run on", file=sys.__stderr__, flush=True)
         watchdog.kill_descendants()
-        watchdog.exit_now(1)
+        watchdog.exit_now(Exit.FAIL)
 
     def make_plan(self, spec: str, selected: list[Selected]) -> Plan:
         target = self.open_target(spec)
@@ -680,7 +680,7 @@ class QualSession:
         interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED and \
             bool(getattr(self, "items", None))
         if not self.controller or not (self.tests or interrupted) or \
-                session.exitstatus == EXIT_REFUSED:  # a refused resume writes nothing
+                session.exitstatus == Exit.REFUSED:  # a refused resume writes nothing
             return
         alluredir = getattr(self.config.option, "allure_report_dir", None)
         for spec in self.target_specs:
@@ -709,11 +709,11 @@ class QualSession:
         if self.config.option.qual_resume and session.exitstatus in (
                 pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             # the tests the journal kept count as much as this run's
-            session.exitstatus = 1 if verdicts & {"FAIL", "ERROR"} else 0
-        if session.exitstatus == 0 and "INCOMPLETE" in verdicts:
-            session.exitstatus = EXIT_INCOMPLETE  # every test passed, yet a criterion was not judged
-        elif session.exitstatus == 0 and "INCONCLUSIVE" in verdicts:
-            session.exitstatus = EXIT_INCONCLUSIVE  # a criterion's noise held its bound
+            session.exitstatus = Exit.FAIL if verdicts & {"FAIL", "ERROR"} else Exit.PASS
+        if session.exitstatus == Exit.PASS and "INCOMPLETE" in verdicts:
+            session.exitstatus = Exit.INCOMPLETE  # every test passed, yet a criterion was not judged
+        elif session.exitstatus == Exit.PASS and "INCONCLUSIVE" in verdicts:
+            session.exitstatus = Exit.INCONCLUSIVE  # a criterion's noise held its bound
 
     def drive_label_of(self, record: dict, spec: str) -> str:
         return drive_label(record["target"].get("identity"), spec,

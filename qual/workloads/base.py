@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from qual import units
 from qual.engine import BACKENDS
+from qual.exits import Exit
 from qual.family import Field
 from qual.record import Measurement, repeated
 
@@ -43,7 +44,7 @@ class Outcome:
     def exit_status(self) -> int:
         """The CLI's exit status when nothing was judged: 0, or 1 when the run itself found a
         fault (a checkpoint that did not restore, a block that did not read back)."""
-        return 0
+        return Exit.PASS
 
 
 class ResultOutcome(Outcome, dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qual import honesty
+from qual.exits import Exit
 from qual.record import Measurement, measure
 from qual.workloads.base import ResultOutcome
 from qual.workloads.checkpoint import charts
@@ -246,5 +247,5 @@ class CheckpointOutcome(ResultOutcome):
 
     def exit_status(self) -> int:
         if self.get("mlperf") is not None:
-            return 0 if mlperf_summary(self)["verified"] else 1
-        return 1 if self["restore"] and not self["restore"]["intact"] else 0
+            return Exit.PASS if mlperf_summary(self)["verified"] else Exit.FAIL
+        return Exit.FAIL if self["restore"] and not self["restore"]["intact"] else Exit.PASS

@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 
 from qual import engine, honesty, units
+from qual.exits import Exit
 from qual.workloads.base import Outcome, backend_field
 from qual.family import Family, Field, Metric, Param, Rates, Work, measurement_id
 from qual.record import Measurement, measure
@@ -130,7 +131,7 @@ class IntegrityOutcome(Outcome):
         return out
 
     def exit_status(self) -> int:
-        return 1 if any(r["check"].bad_blocks for r in self.results) else 0
+        return Exit.FAIL if any(r["check"].bad_blocks for r in self.results) else Exit.PASS
 
 
 def run(target: Target, table: dict, *, seed: int | None = None, progress=None,
