@@ -86,7 +86,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io = sub.add_parser("io", help="run one I/O job (fio-like flags)",
                         description="Run one I/O job on a target and print what it measured.")
     io.add_argument("--target", default=None,
-                    help="file, directory or block device (default: .qual/targets.dat)")
+                    help="file, directory or block device (default: .qual/target.dat)")
     io.add_argument("--rw", choices=list(RW), default="randread")
     io.add_argument("--rwmixread", type=int, default=None, metavar="PERCENT",
                     help="rw/randrw: per cent of I/Os that read (default 50, as in fio)")

@@ -30,7 +30,7 @@ from qual.units import format_size
 __all__ = ["DEFAULT_TARGET", "SCRATCH_NAME", "DeviceStat", "Identity", "Refusal", "Target",
            "UnsafeTarget", "device_stat", "drive_label", "fsync_dir", "guard_refusals", "marker_path"]
 
-DEFAULT_TARGET = ".qual/targets.dat"
+DEFAULT_TARGET = ".qual/target.dat"
 SCRATCH_NAME = "qual-target.dat"
 FILL_BLOCK = 1 << 20
 FILL_DEPTH = 8
