@@ -104,3 +104,7 @@ _ERROR_CLASS = {
 
 def error_for(err: int) -> type[QualError]:
     return _ERROR_CLASS.get(err, QualError)
+
+
+class ImplausibleMeasurement(QualError):
+    """A result the hardware cannot have produced, or that the data cannot support."""

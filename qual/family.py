@@ -7,50 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from qual import units
-
-if TYPE_CHECKING:  # the run side of the protocol (qual.workloads.base) imports this module
-    from qual.workloads.base import Outcome
-
-
-@dataclass(frozen=True)
-class Param:
-    """A parameter that selects a measurement (e.g. bs, qd); `kind` is size, count, number or
-    name (a word, e.g. a loader)."""
-
-    name: str
-    kind: str
-
-    def parse(self, value: object) -> int | float:
-        if self.kind == "size":
-            return units.parse_size(value, name=self.name)
-        if self.kind == "count":
-            return units.parse_count(value, name=self.name)
-        if self.kind == "name":
-            if not isinstance(value, str) or not value.isidentifier():
-                raise units.UnitError(f"{self.name} {value!r} is not a name")
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise units.UnitError(f"{self.name} {value!r} is not a number")
-        return value
-
-    def show(self, value: int | float) -> str:
-        if self.kind == "size":
-            return format_block(int(value))
-        return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A measured quantity: its dimension (units.DIMENSIONS), which way is better, its params."""
-
-    name: str
-    dimension: str
-    better: str  # "higher" or "lower"
-    params: tuple[Param, ...]
-    description: str
+from qual.exits import Exit
+from qual.measurement import Measurement, Metric
 
 
 @dataclass(frozen=True)
@@ -71,21 +31,6 @@ class Field:
     aliases: tuple[str, ...] = ()  # other spellings users already type
     negations: tuple[str, ...] = ()  # bool: spellings of --no-NAME users already type
     words: tuple[tuple[str, object], ...] = ()  # flag words that stand for a value ("both")
-
-
-def format_block(size: int) -> str:
-    """A block size as fio and gdsio write it: 4K, 128K, 1M (bytes when not a whole KiB)."""
-    for shift, suffix in ((30, "G"), (20, "M"), (10, "K")):
-        if size >= 1 << shift and size % (1 << shift) == 0:
-            return f"{size >> shift}{suffix}"
-    return str(size)
-
-
-def measurement_id(metric: Metric, params: dict[str, object]) -> str:
-    """`metric[p=v,...]` with the parameters in the metric's declared order."""
-    shown = ",".join(f"{p.name}={p.show(params[p.name])}" for p in metric.params
-                     if p.name in params)
-    return f"{metric.name}[{shown}]" if shown else metric.name
 
 
 @dataclass(frozen=True)
@@ -181,6 +126,34 @@ class Flags:
     keeps: bool = False
     explain: Callable[[dict], tuple[dict, list[str]]] | None = None
     shared_target: Callable[[], bool] = field(default=lambda: False)
+
+
+class Outcome:
+    """What one run of a family produced, the one shape every family's `run` returns: its
+    measurements (all of them, or one named `section`, where a suite records its parts in
+    separate tests: a checkpoint run's passes, restore and torch baseline), the `--json`
+    document, charts, the lines a person reads and the exit status. A family's outcome
+    overrides `measurements` and `document`; the rest have defaults."""
+
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        raise NotImplementedError
+
+    def document(self) -> dict:
+        """The `qual <family> --json` document."""
+        raise NotImplementedError
+
+    def charts(self) -> dict[str, bytes]:
+        """Charts as PNG bytes by title, attached to the report."""
+        return {}
+
+    def lines(self) -> list[str]:
+        """What `qual <family>` prints for a person: every measurement with its unit."""
+        return [f"{m.id} = {m.shown()}" for m in self.measurements()]
+
+    def exit_status(self) -> int:
+        """The CLI's exit status when nothing was judged: 0, or 1 when the run itself found a
+        fault (a checkpoint that did not restore, a block that did not read back)."""
+        return Exit.PASS
 
 
 @dataclass(frozen=True)

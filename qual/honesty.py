@@ -7,7 +7,8 @@ import errno
 import math
 import re
 
-from qual.engine import IoResult, QualError, run_job
+from qual.engine import IoResult, run_job
+from qual.errors import ImplausibleMeasurement
 from qual.targets import DeviceStat, Identity
 from qual.units import format_quantity
 
@@ -16,10 +17,6 @@ COUNTED = "counted"  # device_truth of a measurement the device's own counters c
 NO_DEVICE = ("unavailable: no block device counters under the target (tmpfs, overlay, FUSE or "
              "a network filesystem)")
 LINK_SLACK = 1.02  # clock and counting noise allowed above the link's payload ceiling
-
-
-class ImplausibleMeasurement(QualError):
-    """A result the hardware cannot have produced, or that the data cannot support."""
 
 
 def _implausible(message: str, target: str) -> ImplausibleMeasurement:

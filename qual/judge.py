@@ -4,54 +4,18 @@ a measurement that claims the device but lacks the device's own counters is UNVE
 judged, unless the profile says `device_truth = "optional"` (then it carries a caveat); one that
 says why it cannot be a verdict (`unverifiable`: an mmap baseline not held to its memory) is
 UNVERIFIED whatever the profile says. A verdict on a measurement whose confidence interval holds
-the bound says so. The judge reads a measurement's typed fields (qual.record.Measurement), never
+the bound says so. The judge reads a measurement's typed fields (qual.measurement.Measurement), never
 a family's context keys."""
 
 from __future__ import annotations
 
 import dataclasses
-import errno
-from dataclasses import dataclass, field
 
 from qual import units
-from qual.honesty import ImplausibleMeasurement, unproven
-from qual.record import Baseline, Measurement, Regression
-from qual.thresholds import Profile, Verdict
-
-
-
-@dataclass
-class Judgement:
-    """Every verdict and regression of a set of measurements, and what could not be judged."""
-
-    verdicts: list[Verdict] = field(default_factory=list)
-    regressions: list[Regression] = field(default_factory=list)
-    unresolved: list[str] = field(default_factory=list)  # asked for, but unjudgeable
-    unverified: list[str] = field(default_factory=list)  # measured, but not proven the device's
-    severities: list[str] = field(default_factory=list)  # of every criterion that applied
-
-    @property
-    def failing(self) -> list[str]:
-        return [v.line() for v in self.verdicts if not v.passed and not v.inconclusive] + \
-               [r.line() for r in self.regressions if not r.passed]
-
-    @property
-    def checks(self) -> int:
-        return len(self.verdicts) + len(self.regressions)
-
-    def lines(self) -> list[str]:
-        return [v.line() for v in self.verdicts] + [r.line() for r in self.regressions] + \
-            [f"UNVERIFIED: {u}" for u in self.unverified]
-
-    def as_dict(self) -> dict:
-        return {"verdicts": [v.as_dict() for v in self.verdicts],
-                "regressions": [r.as_dict() for r in self.regressions],
-                "unverified": list(self.unverified)}
-
-    def raise_unresolved(self, target: str | None) -> None:
-        """A criterion the run could not resolve is an error of the run, not a verdict."""
-        if self.unresolved:
-            raise ImplausibleMeasurement(errno.EBADE, "; ".join(self.unresolved), target=target)
+from qual.honesty import unproven
+from qual.measurement import Judgement, Measurement, Verdict
+from qual.record import Baseline
+from qual.thresholds import Profile
 
 
 def _straddles(v: Verdict, m: Measurement) -> tuple[str, ...]:

@@ -21,7 +21,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from qual import shipped, units
-from qual.family import Family, Field, Settings, measurement_id
+from qual.family import Family, Field, Settings
+from qual.measurement import Criterion, measurement_id
 from qual.record import DEFAULT_TOLERANCE
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
@@ -79,79 +80,6 @@ def resolve_profile(spec: str | Path, relative_to: Path | None = None) -> Path:
 
 
 # ------------------------------------------------------------------ criteria and verdicts
-
-
-@dataclass(frozen=True)
-class Criterion:
-    family: str
-    metric: str
-    params: tuple[tuple[str, object], ...]
-    min: float | None
-    max: float | None
-    unit: str
-    source: str
-    severity: str
-    tolerance: float | None
-    origin: str  # file:key where it was written
-    id: str
-
-    @property
-    def param_dict(self) -> dict:
-        return dict(self.params)
-
-    @property
-    def file(self) -> str:
-        return self.origin.split(":", 1)[0]
-
-    def judge(self, value: float) -> list[Verdict]:
-        verdicts = []
-        if self.min is not None:
-            margin = (value - self.min) / abs(self.min) if self.min else _unscaled(value)
-            verdicts.append(Verdict(self, value, value >= self.min, "min", self.min, margin))
-        if self.max is not None:
-            margin = (self.max - value) / abs(self.max) if self.max else _unscaled(-value)
-            verdicts.append(Verdict(self, value, value <= self.max, "max", self.max, margin))
-        return verdicts
-
-
-def _unscaled(inside: float) -> float:
-    """The margin against a bound of zero, which has no scale: none on it, else infinite."""
-    return 0.0 if inside == 0 else math.copysign(math.inf, inside)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    criterion: Criterion
-    value: float
-    passed: bool
-    bound: str  # "min" or "max"
-    limit: float
-    margin: float  # fraction of the limit by which the value is inside (+) or outside (-)
-    caveats: tuple[str, ...] = ()  # what the measurement says limits its meaning
-    inconclusive: bool = False  # failed on the median, but its interval holds the bound and
-    #                             the profile's `straddle` says that decides nothing
-
-    def line(self) -> str:
-        """`seq_read_bw[bs=1M,qd=128] = 5.81 GiB/s < min 6.0 GiB/s (-3.2 %) [file: source]`"""
-        c = self.criterion
-        if self.bound == "min":
-            op = ">=" if self.passed else "<"
-        else:
-            op = "<=" if self.passed else ">"
-        margin = f"{self.margin * 100:+.1f} %" if math.isfinite(self.margin) else "n/a"
-        caveats = "".join(f"; CAVEAT: {x}" for x in self.caveats)
-        word = "INCONCLUSIVE: " if self.inconclusive else ""
-        return (f"{word}{c.id} = {units.format_quantity(self.value, c.unit)} {op} {self.bound} "
-                f"{units.format_quantity(self.limit, c.unit)} ({margin}) [{c.file}: {c.source}]"
-                f"{caveats}")
-
-    def as_dict(self) -> dict:
-        c = self.criterion
-        return {"id": c.id, "metric": c.metric, "value": self.value, "bound": self.bound,
-                "limit": self.limit, "unit": c.unit, "margin": self.margin,
-                "passed": self.passed, "inconclusive": self.inconclusive,
-                "severity": c.severity, "source": c.source,
-                "origin": c.origin, "caveats": list(self.caveats), "line": self.line()}
 
 
 # ------------------------------------------------------------------ the profile

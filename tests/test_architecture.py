@@ -4,6 +4,7 @@ records, reports, the plugin and the command line work from what the family decl
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -11,8 +12,8 @@ from qual import units
 from qual.workloads import registry
 
 QUAL = Path(__file__).resolve().parent.parent / "qual"
-CORE = ["judge.py", "feasibility.py", "thresholds.py", "record.py", "report.py", "cli.py",
-        "command.py", "flags.py", "family.py", "plan.py",
+CORE = ["judge.py", "feasibility.py", "thresholds.py", "record.py", "measurement.py",
+        "report.py", "cli.py", "command.py", "flags.py", "family.py", "plan.py",
         *(f"plugin/{p.name}" for p in (QUAL / "plugin").glob("*.py"))]
 
 
@@ -108,3 +109,54 @@ def test_exit_statuses_are_decided_by_name_from_one_table():
               for m in re.finditer(r"\breturn \d+\b", cli)]
     assert not found, "an exit status spelled as a number:\n" + "\n".join(found)
     assert bare.search("pytest.exit(said, returncode=4)")
+
+
+def layers() -> list[set[str]]:
+    """docs/ARCHITECTURE.md §1's picture: the qual modules each layer names, top first."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("## 1. The layers", 1)[1]
+    picture = text.split("```", 2)[1]
+    found = [set(re.findall(r"\b(qual(?:\.\w+)?)\b", line)) for line in picture.splitlines()]
+    return [names for names in found if names]
+
+
+def module_group(name: str) -> str:
+    """qual.workloads.gnn.loaders is qual.workloads; qual.plan is itself; `qual` alone (its
+    __init__: shipped()) is qual.shipped."""
+    parts = name.split(".")
+    return "qual.shipped" if parts == ["qual"] else ".".join(parts[:2])
+
+
+def imports_of(path: Path) -> set[str]:
+    """The qual modules a source imports, wherever in it (a function's own imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] == "qual":
+            if node.module == "qual":
+                found |= {f"qual.{a.name}" for a in node.names}
+            else:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "qual"}
+    return found
+
+
+def test_every_import_goes_down_the_layers_the_house_plan_draws():
+    order = layers()
+    where = {name: i for i, names in enumerate(order) for name in names}
+    assert {"qual.cli", "qual.engine", "qual.measurement", "qual.targets"} <= set(where), where
+    unknown, upward = set(), []
+    for path in sorted(QUAL.rglob("*.py")):
+        mine = module_group("qual." + ".".join(path.relative_to(QUAL).with_suffix("").parts)
+                            .removesuffix(".__init__")) if path.name != "__init__.py" or \
+            path.parent != QUAL else "qual.shipped"
+        for imported in imports_of(path):
+            theirs = module_group(imported)
+            for name in (mine, theirs):
+                if name not in where:
+                    unknown.add(name)
+            if mine in where and theirs in where and where[theirs] < where[mine]:
+                upward.append(f"{path.relative_to(QUAL.parent)}: {imported} (layer "
+                              f"{where[theirs]}) from layer {where[mine]}")
+    assert not unknown, f"modules the picture does not place: {sorted(unknown)}"
+    assert not upward, "imports that go up the layers:\n" + "\n".join(upward)

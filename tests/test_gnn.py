@@ -14,7 +14,7 @@ import torch
 from qual.engine import DataMismatch, FeatureCache, page_residency
 from qual.exits import Exit
 from qual.judge import judge
-from qual.record import measure
+from qual.measurement import measure
 from qual.targets import Target
 from qual.thresholds import family_table, load_profile
 from qual.workloads import gnn, registry

@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qual.errors import TargetUnavailable
-from qual.honesty import ImplausibleMeasurement
+from qual.errors import ImplausibleMeasurement, TargetUnavailable
 from qual.targets.guard import UnsafeTarget
 from qual.targets import Target
 from qual.thresholds import ProfileError, family_table

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from qual.record import Baseline, SCHEMA, TestResult, measure, summarize
+from qual.record import Baseline, SCHEMA, TestResult, summarize
+from qual.measurement import measure
 from qual.workloads import registry
 from qual.thresholds import load_profile
 from qual.workloads.bandwidth import METRICS

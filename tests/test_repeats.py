@@ -10,7 +10,8 @@ import sys
 
 from qual import stats
 from qual.judge import judge
-from qual.record import TestResult, measure, summarize
+from qual.record import TestResult, summarize
+from qual.measurement import measure
 from qual.thresholds import load_profile
 from qual.workloads import registry
 from qual.workloads.bandwidth import METRICS
@@ -122,7 +123,7 @@ def test_an_inconclusive_verdict_makes_the_run_inconclusive_unless_something_fai
 
 
 def test_a_repeated_outcome_judges_the_median_of_whole_runs():
-    from qual.record import repeated
+    from qual.measurement import repeated
     from qual.workloads.base import Repeated
 
     class Run(dict):

@@ -22,7 +22,7 @@ from qual.plugin.recorder import Recorder
 from qual.plugin.session import (DEPARTED, DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST,
                                  SESSION_KEY, STATUS, TARGET_INFO, WHERE, QualSession,
                                  qual_session, short_message)
-from qual.record import Measurement
+from qual.measurement import Measurement
 from qual.flags import claimed
 from qual.targets import DEFAULT_TARGET
 from qual.workloads.base import Repeated

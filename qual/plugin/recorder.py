@@ -13,8 +13,9 @@ import pytest
 
 from qual import thresholds
 from qual.judge import judge
-from qual.record import Baseline, Measurement, with_repetitions
-from qual.workloads.base import Outcome
+from qual.record import Baseline
+from qual.measurement import Measurement, with_repetitions
+from qual.family import Outcome
 
 PAYLOAD = "qual"  # key of report.user_properties that carries a test's measurements and verdicts
 

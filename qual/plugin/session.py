@@ -23,9 +23,10 @@ from qual.targets.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, er
 from qual.exits import Exit
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.progress import Eta, Inner
-from qual.plugin.recorder import PAYLOAD, Judging, Recorder
-from qual.record import (RECORD_NAME, Baseline, Measurement, RunRecord, TestResult, drive_model,
-                         qual_version, summarize, write_record)
+from qual.plugin.recorder import Judging, PAYLOAD, Recorder
+from qual.record import (Baseline, drive_model, qual_version, RECORD_NAME, RunRecord, summarize,
+                         TestResult, write_record)
+from qual.measurement import Measurement
 from qual.targets import DEFAULT_TARGET, Target, drive_label
 from qual.workloads import registry
 
@@ -156,7 +157,7 @@ class QualSession:
                                     "(--qual-baseline-any to gate against it anyway)",
                                     target=spec)
             t.progress = self.progress
-            t.fill_reads = True  # a read test reads blocks this run wrote (README, "Safety")
+            t.fill_reads = True  # a read test reads blocks this run wrote (docs/ARCHITECTURE.md, "Reads of written blocks")
             self._targets[spec] = t
         return self._targets[spec]
 

@@ -1,8 +1,7 @@
-"""The run side of the workload protocol (the family itself is qual.family.Family): `run(target,
-settings, *, seed, progress)` returns an `Outcome`, and the outcome gives the measurements, the
-`--json` document, the charts and the lines a person reads; `Repeated` is a whole run done the
-profile's `repeats` times. Also what every family shares: the I/O backend field, the margin a
-fitted dataset leaves, argparse types for sizes, durations and counts."""
+"""What every family's run shares: `ResultOutcome` (an `Outcome`, qual.family, that is the run's
+own result document), `Repeated` (a whole run done the profile's `repeats` times), the I/O
+backend field, the margin a fitted dataset leaves, argparse types for sizes, durations and
+counts."""
 
 from __future__ import annotations
 
@@ -11,40 +10,11 @@ from collections.abc import Callable
 
 from qual import units
 from qual.engine import BACKENDS
-from qual.exits import Exit
-from qual.family import Field
-from qual.record import Measurement, repeated
+from qual.family import Field, Outcome
+from qual.measurement import Measurement, repeated
 
 
 FIT_MARGIN = 0.95  # a dataset scaled to fit (--qual-fit) leaves this share of the room used
-
-
-class Outcome:
-    """What one run of a family produced, the one shape every family's `run` returns: its
-    measurements (all of them, or one named `section`, where a suite records its parts in
-    separate tests: a checkpoint run's passes, restore and torch baseline), the `--json`
-    document, charts, the lines a person reads and the exit status. A family's outcome
-    overrides `measurements` and `document`; the rest have defaults."""
-
-    def measurements(self, section: str | None = None) -> list[Measurement]:
-        raise NotImplementedError
-
-    def document(self) -> dict:
-        """The `qual <family> --json` document."""
-        raise NotImplementedError
-
-    def charts(self) -> dict[str, bytes]:
-        """Charts as PNG bytes by title, attached to the report."""
-        return {}
-
-    def lines(self) -> list[str]:
-        """What `qual <family>` prints for a person: every measurement with its unit."""
-        return [f"{m.id} = {m.shown()}" for m in self.measurements()]
-
-    def exit_status(self) -> int:
-        """The CLI's exit status when nothing was judged: 0, or 1 when the run itself found a
-        fault (a checkpoint that did not restore, a block that did not read back)."""
-        return Exit.PASS
 
 
 class ResultOutcome(Outcome, dict):

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from qual import engine, honesty, steady, units
 from qual.engine import IoResult
-from qual.record import Measurement, measure
+from qual.measurement import Measurement, Metric, Param, format_block, measure, measurement_id
 from qual.targets import Target
-from qual.workloads.base import Outcome, backend_field
+from qual.workloads.base import backend_field
+from qual.family import Family, Field, Outcome, Rates, Work
 from qual.workloads.bandwidth import charts
-from qual.family import Family, Field, Metric, Param, Rates, Work, format_block, measurement_id
 
 NAME = "bandwidth"
 # pattern -> (op, offset pattern)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from qual import honesty
 from qual.exits import Exit
-from qual.record import Measurement, measure
+from qual.measurement import Measurement, measure
 from qual.workloads.base import ResultOutcome
 from qual.workloads.checkpoint import charts
 from qual.workloads.checkpoint.spec import GIB, METRICS, NAME

@@ -3,9 +3,10 @@ and the measurement ids a table will produce."""
 
 from __future__ import annotations
 
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Field
+from qual.measurement import Metric, Param, measurement_id
 from qual.workloads.base import backend_field
-from qual.workloads.checkpoint.plan import MODELS, RECIPES, SUBSET_PROCESSES, Plan, plan_from
+from qual.workloads.checkpoint.plan import MODELS, Plan, RECIPES, SUBSET_PROCESSES, plan_from
 
 
 NAME = "checkpoint"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from qual import honesty
 from qual.units import format_quantity
 from qual.workloads.base import ResultOutcome
-from qual.record import Measurement, measure
+from qual.measurement import Measurement, measure
 from qual.workloads.gnn import charts
 from qual.workloads.gnn.spec import LOADERS, METRICS, NAME
 
@@ -71,7 +71,6 @@ def equal_memory(gids: dict, mmap: dict) -> tuple[dict, str | None]:
         return out, (f"the mmap baseline had {size(mmap['memory_bytes'])} of host memory, "
                      f"GIDS {size(gids['memory_bytes'])}")
     return out, None
-
 
 
 class GnnOutcome(ResultOutcome):

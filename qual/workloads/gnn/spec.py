@@ -4,7 +4,8 @@ the measurement ids a table will produce."""
 from __future__ import annotations
 
 from qual.workloads.base import backend_field
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Field
+from qual.measurement import Metric, Param, measurement_id
 from qual.workloads.gnn.igbh import SIZES
 
 

@@ -14,8 +14,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from qual.family import Family, Field, Metric, Param, Watcher, measurement_id
-from qual.record import Measurement, measure
+from qual.family import Family, Field, Watcher
+from qual.measurement import Measurement, Metric, Param, measure, measurement_id
 from qual.targets import nvme
 from qual.workloads import registry
 

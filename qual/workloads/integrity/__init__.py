@@ -9,9 +9,9 @@ import secrets
 
 from qual import engine, honesty, units
 from qual.exits import Exit
-from qual.workloads.base import Outcome, backend_field
-from qual.family import Family, Field, Metric, Param, Rates, Work, measurement_id
-from qual.record import Measurement, measure
+from qual.workloads.base import backend_field
+from qual.family import Family, Field, Outcome, Rates, Work
+from qual.measurement import Measurement, Metric, Param, measure, measurement_id
 from qual.targets import Target
 
 NAME = "integrity"

@@ -5,8 +5,8 @@ tier) and as the outcome the command and the suite read."""
 from __future__ import annotations
 
 from qual.engine import LatencyHistogram
-from qual.record import Measurement, measure
-from qual.workloads.base import Outcome
+from qual.measurement import Measurement, measure
+from qual.family import Outcome
 from qual.workloads.kvcache import charts
 from qual.workloads.kvcache.spec import METRICS, NAME, PERCENTILES
 

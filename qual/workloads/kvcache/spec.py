@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qual.family import Field, Metric, Param, measurement_id
+from qual.family import Field
+from qual.measurement import Metric, Param, measurement_id
 from qual.workloads.base import backend_field
 
 NAME = "kvcache"

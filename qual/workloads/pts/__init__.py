@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from qual import engine, honesty, steady
 from qual.engine import IoResult
-from qual.family import Family, Field, Metric, Param, Rates, Work, format_block
-from qual.record import Measurement, measure
+from qual.family import Family, Field, Outcome, Rates, Work
+from qual.measurement import Measurement, Metric, Param, format_block, measure
 from qual.targets import Target, nvme
-from qual.workloads.base import Outcome, backend_field
+from qual.workloads.base import backend_field
 from qual.workloads.bandwidth import merge_rounds
 
 NAME = "pts"
@@ -395,7 +395,7 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> PtsOutc
 
 
 def _cells(table: dict) -> list[str]:
-    from qual.family import measurement_id
+    from qual.measurement import measurement_id
     ids = []
     for test in table["tests"]:
         for p in _points(table, test):

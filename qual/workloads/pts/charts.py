@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from qual import units
 from qual.charts import png, pyplot, subplots
-from qual.family import format_block
+from qual.measurement import format_block
 
 
 def iops_surface(rows: list[dict]) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from qual import honesty
 from qual.workloads.base import ResultOutcome
-from qual.record import Measurement, measure
+from qual.measurement import Measurement, measure
 from qual.targets import Target
 from qual.units import format_size
 from qual.workloads.training import charts
@@ -70,7 +70,6 @@ def measurements(result: dict, target: Target) -> list[Measurement]:
                            context={"target": name, "au_floor": result["au_floor"],
                                     "swept": sorted({r["accelerators"] for r in result["runs"]})}))
     return out
-
 
 
 class TrainingOutcome(ResultOutcome):

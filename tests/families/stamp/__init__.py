@@ -13,10 +13,9 @@ from pathlib import Path
 
 from qual import charts
 from qual.errors import TargetUnavailable
-from qual.family import Family, Field, Metric, Param, measurement_id
-from qual.record import Measurement, measure
+from qual.family import Family, Field, Outcome
+from qual.measurement import Measurement, Metric, Param, measure, measurement_id
 from qual.targets.scratch import fsync_dir, own_folder, remove_made
-from qual.workloads.base import Outcome
 
 NAME = "stamp"
 FOLDER = "qual-stamp"
