@@ -1,5 +1,5 @@
 """The RAM-backed stand-in for a Gen5 drive: ext4 on a loop device over a file in /dev/shm,
-where the host software, not the flash, is the limit (README, Benchmarks)."""
+where the host software, not the flash, is the limit (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
