@@ -45,9 +45,8 @@ def judge(measurements: list[Measurement], profile: Profile,
         criteria = profile.criteria_for(m.id)
         out.severities += [c.severity for c in criteria]
         if criteria and not m.resolved:
-            out.unresolved.append(f"{m.id} needs at least {m.context.get('samples_needed')} "
-                                  f"samples but the run completed {m.context.get('ops')}: "
-                                  "lengthen the run")
+            out.unresolved.append(f"{m.id} {m.unresolved or 'is not resolved'}: lengthen "
+                                  "the run")
             continue
         ceiling = m.ceiling  # the most the measuring setup itself can show
         caveats = tuple(m.caveats)

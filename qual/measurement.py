@@ -74,7 +74,7 @@ BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
 
 # what the judge reads of a measurement besides its value: typed fields, written into the
 # record's `context` as before (so that records and baselines keep one schema)
-JUDGED = ("caveats", "ceiling", "unverifiable")
+JUDGED = ("caveats", "ceiling", "unverifiable", "unresolved")
 SPREAD = ("interval", "interval_confidence", "repetitions")
 
 
@@ -86,7 +86,9 @@ class Measurement:
     interval drawn from `spread_from` values (repetitions, validation batches; 0: it claims
     none, 1: one value, its spread unknown), `ceiling` the most the measuring setup itself can
     show (a criterion above it cannot judge the drive), `unverifiable` why no profile may judge
-    it at all. `context` holds everything else, for people and the report."""
+    it at all, `unresolved` why its samples cannot support it (a p99.99 of 4,000 completions).
+    `context` holds everything else, for people and the report: the core reads no key of it
+    but the recorder's own `repetition`."""
 
     id: str
     family: str
@@ -108,6 +110,7 @@ class Measurement:
     repetitions: list[float] | None = None  # every repetition's value, where it was repeated
     ceiling: float | None = None
     unverifiable: str | None = None
+    unresolved: str | None = None  # why the samples cannot support the value (resolved False)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -124,8 +127,7 @@ class Measurement:
     @property
     def final(self) -> bool:
         """Not an earlier repetition of a repeated figure (the last one holds them all)."""
-        r = self.context.get("repetition")
-        return r is None or r[0] == r[1]
+        return is_final(self.context)
 
     def shown(self, unit: str | None = None) -> str:
         return units.format_quantity(self.value, unit, dimension=self.dimension)
@@ -143,8 +145,15 @@ class Measurement:
                    comparable=d.get("comparable", True))
 
 
+def is_final(context: dict) -> bool:
+    """Whether a measurement with this context (live, or as a record keeps it) is not an
+    earlier repetition of a repeated figure."""
+    r = context.get("repetition")
+    return r is None or r[0] == r[1]
+
+
 def measure(family: str, metric: Metric, params: dict, value: float, *,
-            context: dict | None = None, samples: object = None, resolved: bool = True,
+            context: dict | None = None, samples: object = None, unresolved: str | None = None,
             comparable: bool = True, caveats: list[str] | tuple[str, ...] = (),
             interval: list[float] | None = None, spread_from: int = 0,
             interval_confidence: float = 0.95, ceiling: float | None = None,
@@ -153,7 +162,8 @@ def measure(family: str, metric: Metric, params: dict, value: float, *,
                        params=dict(params), value=float(value),
                        unit=BASE_UNIT[metric.dimension], dimension=metric.dimension,
                        better=metric.better, context=dict(context or {}), samples=samples,
-                       resolved=resolved, comparable=resolved and comparable,
+                       resolved=unresolved is None,
+                       comparable=unresolved is None and comparable, unresolved=unresolved,
                        caveats=list(caveats), interval=list(interval) if interval else None,
                        spread_from=spread_from if interval is None else max(spread_from, 2),
                        interval_confidence=interval_confidence, ceiling=ceiling,

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from qual.measurement import Measurement, Regression, gate_values, repetitions_of
+from qual.measurement import Measurement, Regression, gate_values, is_final, repetitions_of
 
 SCHEMA = "qual-run/1"
 DEFAULT_TOLERANCE = 0.05  # a profile's regression tolerance when it names none
@@ -48,13 +48,7 @@ def comparable_measurements(record: dict) -> dict[str, dict]:
     """The measurements of a record that may be gated against, by id (of a repeated figure,
     the last repetition's: it holds every repetition)."""
     return {m["id"]: m for t in record.get("tests", []) for m in t["measurements"]
-            if m.get("comparable", True) and _final(m)}
-
-
-def _final(m: dict) -> bool:
-    """Not an earlier repetition of a repeated figure."""
-    r = m.get("context", {}).get("repetition")
-    return r is None or r[0] == r[1]
+            if m.get("comparable", True) and is_final(m.get("context", {}))}
 
 
 def drive_model(record: dict) -> str | None:
@@ -290,7 +284,7 @@ def summarize(tests: list[TestResult], profile, plan: dict | None = None) -> dic
     run's `plan`) is listed as such and does not make the run INCOMPLETE."""
     verdicts = [v for t in tests for v in t.verdicts]
     regressions = [r for t in tests for r in t.regressions]
-    measurements = [m for t in tests for m in t.measurements if _final(m)]
+    measurements = [m for t in tests for m in t.measurements if is_final(m.get("context", {}))]
     judged = {v["id"] for v in verdicts}
     unjudged = [c.id for c in profile.criteria if c.id not in judged]
     left_out = not_selected(tests, profile, plan)

@@ -209,6 +209,6 @@ def test_a_percentile_too_few_samples_can_resolve_is_an_error(tmp_path, pct, lat
     proc, results = run_suite(tmp_path, profile=path)
     assert proc.returncode == 1
     (lat,) = [t for t in load_record(results)["tests"] if t["nodeid"].endswith("test_latency")]
-    assert lat["outcome"] == "broken" and f"needs at least {needed} samples" in lat["message"]
+    assert lat["outcome"] == "broken" and f"needs at least {needed:,} samples" in lat["message"]
     if "samples" in latency:
         assert {m["context"]["ops"] for m in lat["measurements"]} == {3000}

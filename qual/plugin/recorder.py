@@ -28,6 +28,7 @@ class Judging:
     baseline: Baseline | None
     seed: int
     caveats: dict = field(default_factory=dict)  # family -> what --qual-fit scaled down
+    drive: str | None = None  # the target the test measures, named in its errors
 
 
 ATTACHMENT_TYPES = {"png": allure.attachment_type.PNG, "json": allure.attachment_type.JSON,
@@ -104,8 +105,7 @@ class Recorder:
 
         for line in verdict.lines():
             print(line)
-        verdict.raise_unresolved(self.measurements[0].context.get("target")
-                                 if self.measurements else None)
+        verdict.raise_unresolved(self.judging.drive)
         failing = verdict.failing
         if failing:
             pytest.fail("\n".join(failing + [f"({len(failing)} of {verdict.checks} checks "

@@ -266,7 +266,7 @@ class QualSession:
 
     def judging(self, spec: str) -> Judging:
         return Judging(self.profile, self.baselines.get(spec), self.config.option.qual_seed,
-                       self.caveats.get(spec, {}))
+                       self.caveats.get(spec, {}), drive=spec)
 
     def recorder(self, item) -> Recorder:
         """A test's recorder: judged against this drive's baseline; what it records joins

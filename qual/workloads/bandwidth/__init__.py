@@ -251,7 +251,8 @@ def run_latency(target: Target, table: dict, *, seed: int = 1) -> list[Measureme
         out.append(measure(NAME, METRICS["rand_read_lat"], params,
                            result.latency.percentile(pct) / 1e9,
                            context={**context, "samples_needed": needed},
-                           samples=bins, resolved=count >= needed,
+                           samples=bins, unresolved=None if count >= needed else
+                           f"needs at least {needed:,} samples but the run completed {count:,}",
                            comparable=pct < 100 and count >= 10 * needed))
     return out
 

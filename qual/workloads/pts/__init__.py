@@ -260,7 +260,9 @@ def _measure_test(test: str, merged: dict, ss: dict, caveats: list[str]) -> list
                 out.append(measure(NAME, METRICS["pts_lat"],
                                    {"rwmix": p.rwmix, "bs": p.bs, "stat": stat}, value / 1e9,
                                    context={**context, "samples_needed": needed},
-                                   caveats=caveats, resolved=lat.count >= needed,
+                                   caveats=caveats, unresolved=None if lat.count >= needed
+                                   else f"needs at least {needed:,} samples but the run "
+                                   f"completed {lat.count:,}",
                                    comparable=stat != "max" and lat.count >= 10 * needed))
     return out
 
