@@ -23,6 +23,7 @@ from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.session import LAST_RECORD
 from qual.record import RECORD_NAME
 from qual.targets import Target
+from qual.targets.filesystem import erase_leftover
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
 from qual.workloads import registry
 from qual.workloads.base import duration, positive, size
@@ -224,27 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return cmd_report(args)
         if args.command == "clean":
-            target = Target(args.target)
-            if target.kind == "block":
-                from qual.targets.filesystem import erase_leftover
-
-                erased = erase_leftover(str(target.path))
-                print(f"qual clean: {target.spec}: " + ("erased qual's filesystem" if erased
-                                                        else "no filesystem of qual's on it"))
-                return Exit.PASS
-            folder = target.directory
-            before = set(folder.iterdir()) if folder is not None and folder.is_dir() else set()
-            removed = target.cleanup()
-            for family in families.values():
-                if family.remove:
-                    family.remove(target)
-            after = set(folder.iterdir()) if folder is not None and folder.is_dir() else set()
-            removed += sorted(str(p) for p in before - after if str(p) not in removed)
-            for path in removed:
-                print(f"qual clean: removed {path}")
-            if not removed:
-                print(f"qual clean: nothing of qual's on {target.spec}")
-            return Exit.PASS
+            return cmd_clean(args, families)
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
         return Exit.FAIL
@@ -257,12 +238,35 @@ def main(argv: list[str] | None = None) -> int:
     return Exit.USAGE
 
 
+def cmd_clean(args, families: dict) -> int:
+    """`qual clean TARGET`: qual's leftover filesystem on a block device (only where its label
+    proves it qual's), or every file and folder qual made in a file target's folder."""
+    target = Target(args.target)
+    if target.kind == "block":
+        erased = erase_leftover(str(target.path))
+        print(f"qual clean: {target.spec}: " + ("erased qual's filesystem" if erased
+                                                else "no filesystem of qual's on it"))
+        return Exit.PASS
+    folder = target.directory
+    before = set(folder.iterdir()) if folder is not None and folder.is_dir() else set()
+    removed = target.cleanup()
+    for family in families.values():
+        if family.remove:
+            family.remove(target)
+    after = set(folder.iterdir()) if folder is not None and folder.is_dir() else set()
+    removed += sorted(str(p) for p in before - after if str(p) not in removed)
+    for path in removed:
+        print(f"qual clean: removed {path}")
+    if not removed:
+        print(f"qual clean: nothing of qual's on {target.spec}")
+    return Exit.PASS
+
+
 def cmd_io(args) -> int:
     op, pattern = RW[args.rw]
     if args.rwmixread is not None and op != "mixed":
         raise QualError(errno.EINVAL, f"--rwmixread applies to rw and randrw, not {args.rw}")
-    target = Target(args.target, allow_destructive=args.allow_destructive,
-                    confirm_serial=args.confirm_serial)
+    target = command.open_target(args.target, args)
     # as in fio, a job without a runtime moves --size, rounded down to whole blocks
     whole = args.size - args.size % args.bs if args.bs > 0 else args.size
     job = target.job(op=op, pattern=pattern, block_size=args.bs, queue_depth=args.iodepth,
@@ -272,15 +276,8 @@ def cmd_io(args) -> int:
                      seed=args.seed, backend=args.engine, direct=bool(args.direct),
                      rwmixread=50 if args.rwmixread is None else args.rwmixread,
                      command_timeout=args.command_timeout)
-    target.lock()
-    try:
-        result = _run_io(target.prepare(job), args)
-    finally:
-        target.unlock()
-        if not args.keep:
-            for path in target.cleanup():
-                if not args.quiet:
-                    print(f"qual io: removed {path} (--keep keeps it)", file=sys.stderr)
+    result = command.on_target(target, lambda t: _run_io(t.prepare(job), args),
+                               say=command.Reporter("io", args.quiet), keep=args.keep)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -123,30 +123,43 @@ def _command_timeout(family: Family, args, settings) -> float:
     return args.command_timeout or watchdog.DEFAULT_COMMAND_TIMEOUT_S
 
 
-def _run_on(family: Family, args, settings, say: Reporter, keep: bool):
-    """The family's run on --target (locked unless torchrun's ranks share it), or on what its
-    settings say it only reads; what the run made is removed afterwards unless kept, and
-    said."""
-    source = family.reads_from(settings)
-    target = Target(source or args.target, allow_destructive=args.allow_destructive,
-                    confirm_serial=args.confirm_serial)
-    say(f"{family.name} on {source or target.spec} ({target.identity.label()})")
-    # a family whose field takes --seed reads it from its table
-    seeded = {"seed": args.seed} if "--seed" not in claimed(family.fields) else {}
-    if source:  # nothing is written there: no lock, nothing to remove
-        return target, family.run(target, settings, progress=say, **seeded)
-    shared = family.flags.shared_target() if family.flags else False
-    if not shared:  # torchrun ranks all open the target: rank 0 speaks for them
+def on_target(target: Target, work, *, say, keep: bool, lock: bool = True, remove=None):
+    """The one path every command takes on a target once it is opened (the guard's flags
+    given): locked (unless others share it, or it is only read), the work run, what it made
+    removed afterwards unless kept (`remove(target)` first: a family's own files), and each
+    removal said."""
+    if lock:
         target.lock()
     try:
-        return target, family.run(target, settings, progress=say, **seeded)
+        return work(target)
     finally:
-        if family.remove and not keep:
-            family.remove(target)
-        target.unlock()
+        if remove and not keep:
+            remove(target)
+        if lock:
+            target.unlock()
         if not keep:
             for path in target.cleanup():
                 say(f"removed {path} (--keep keeps it)")
+
+
+def open_target(spec: str | None, args) -> Target:
+    return Target(spec, allow_destructive=args.allow_destructive,
+                  confirm_serial=args.confirm_serial)
+
+
+def _run_on(family: Family, args, settings, say: Reporter, keep: bool):
+    """The family's run on --target (locked unless torchrun's ranks share it), or on what its
+    settings say it only reads (no lock, nothing removed)."""
+    source = family.reads_from(settings)
+    target = open_target(source or args.target, args)
+    say(f"{family.name} on {source or target.spec} ({target.identity.label()})")
+    # a family whose field takes --seed reads it from its table
+    seeded = {"seed": args.seed} if "--seed" not in claimed(family.fields) else {}
+    shared = family.flags.shared_target() if family.flags else False
+    # torchrun ranks all open the target: rank 0 speaks for them
+    return target, on_target(target, lambda t: family.run(t, settings, progress=say, **seeded),
+                             say=say, keep=keep or bool(source), lock=not (source or shared),
+                             remove=None if source else family.remove)
 
 
 def run(args, families: dict[str, Family]) -> int:
@@ -160,18 +173,18 @@ def run(args, families: dict[str, Family]) -> int:
             shown = _flag_of(family, key.split(".", 1)[1]) if where == "flags" and "." in key \
                 else f"{where}:{key}"
             print(f"qual {name}: error: {shown}: {problem}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if getattr(args, "plan", False):
         doc, lines = family.flags.explain(settings)
         print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))
-        return 0
+        return Exit.PASS
     keep = (family.flags and family.flags.keeps) or getattr(args, "keep", False)
     say = Reporter(name, args.quiet)
     with watched(name, family.reads_from(settings) or args.target,
                  _command_timeout(family, args, settings)):
         target, outcome = _run_on(family, args, settings, say, keep)
     if outcome is None:
-        return 0  # a rank other than 0 under torchrun
+        return Exit.PASS  # a rank other than 0 under torchrun
     measured = outcome.measurements()  # the honesty checks run here, with or without a profile
     verdict = judge(measured, profile) if profile else None
     if args.json:
