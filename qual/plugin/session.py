@@ -525,29 +525,17 @@ class QualSession:
             entry = self.tests.setdefault(it.nodeid, TestResult(
                 it.nodeid, spec, where=self.where(spec, self.family_of(it))))
             entry.outcome, entry.message = outcome, message
-        alluredir = getattr(self.config.option, "allure_report_dir", None)
         lines = [f"qual: {said}", f"qual: {len(stopped) - 1} later test(s) on {spec} skipped; "
                  "the storage was not touched again (`qual clean` removes what the run left "
                  "there, once it answers)"]
-        written = []
-        for name in {self.spec_of(it) for it in self.items} & {t.drive for t in
-                                                              self.tests.values()}:
-            run = self.build_record(name)
-            run.stalled = {"test": item.nodeid if item else None, "what": stall}
-            record = run.as_dict()
-            written.append(record)
-            path = self.record_path(name)
-            write_record(path, record)
-            if alluredir:
-                drive = self.drive_label_of(record, name)
-                report.write_stopped_results(Path(alluredir), [
-                    (it.nodeid, it.name, self.family_of(it), outcome, message)
-                    for it, outcome, message in stopped if self.spec_of(it) == name], drive)
-                report.write_summary_globals(Path(alluredir), record, drive=drive)
+        drives = [name for name in self.target_specs
+                  if name in {self.spec_of(it) for it in self.items} and
+                  any(t.drive == name for t in self.tests.values())]
+        stalled = {"test": item.nodeid if item else None, "what": stall}
+        for path, record in self.write_records(
+                drives, stalled=lambda _: stalled, stopped=stopped).values():
             lines += report.summary_lines(record)
             lines.append(f"verdict: {record['summary']['verdict']}    run record: {path}")
-        if alluredir and written:
-            report.write_allure_metadata(Path(alluredir), written)
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         capture = self.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
@@ -683,25 +671,16 @@ class QualSession:
         if not self.controller or not (self.tests or interrupted) or \
                 session.exitstatus == Exit.REFUSED:  # a refused resume writes nothing
             return
-        alluredir = getattr(self.config.option, "allure_report_dir", None)
-        for spec in self.target_specs:
-            if not interrupted and not any(t.drive == spec for t in self.tests.values()):
-                continue
-            run = self.build_record(spec)
-            if interrupted:
-                run.interrupted = "SIGINT (Ctrl-C): the tests after it did not run"
+        drives = [spec for spec in self.target_specs
+                  if interrupted or any(t.drive == spec for t in self.tests.values())]
+
+        def noted(spec: str) -> dict | None:  # a worker's drive that stopped answering
             note = self.stalled_note(spec) if self.distributed else None
-            if note:
-                run.stalled = {"test": note["test"], "what": note["what"]}
-            record = run.as_dict()
-            path = self.record_path(spec)
-            write_record(path, record)
-            self.records[spec] = (path, record)
-            if alluredir:
-                report.write_summary_globals(Path(alluredir), record,
-                                             drive=self.drive_label_of(record, spec))
-        if alluredir and self.records:
-            report.write_allure_metadata(Path(alluredir), [r for _, r in self.records.values()])
+            return {"test": note["test"], "what": note["what"]} if note else None
+        self.records = self.write_records(
+            drives, stalled=noted,
+            interrupted="SIGINT (Ctrl-C): the tests after it did not run" if interrupted
+            else None)
         for spec, (_, record) in self.records.items():
             planned = {t["id"] for t in (record.get("plan") or {}).get("tests", ())}
             if planned <= {t.nodeid for t in self.tests.values()} and not interrupted:
@@ -715,6 +694,33 @@ class QualSession:
             session.exitstatus = Exit.INCOMPLETE  # every test passed, yet a criterion was not judged
         elif session.exitstatus == Exit.PASS and "INCONCLUSIVE" in verdicts:
             session.exitstatus = Exit.INCONCLUSIVE  # a criterion's noise held its bound
+
+    def write_records(self, drives: list[str], *, stalled=lambda spec: None,
+                      interrupted: str | None = None,
+                      stopped: list | None = None) -> dict[str, tuple[Path, dict]]:
+        """Each drive's run record and its Allure summary, the one way both the normal end and
+        a stall write them: the record (durably), the drive's summary in Allure's globals, the
+        Allure results of the tests a stall `stopped` (item, outcome, message), and the
+        report's metadata over every record written. Returns {drive: (path, record)}."""
+        alluredir = getattr(self.config.option, "allure_report_dir", None)
+        written = {}
+        for spec in drives:
+            run = self.build_record(spec)
+            run.stalled, run.interrupted = stalled(spec), interrupted
+            record = run.as_dict()
+            path = self.record_path(spec)
+            write_record(path, record)
+            written[spec] = (path, record)
+            if alluredir:
+                drive = self.drive_label_of(record, spec)
+                if stopped:
+                    report.write_stopped_results(Path(alluredir), [
+                        (it.nodeid, it.name, self.family_of(it), outcome, message)
+                        for it, outcome, message in stopped if self.spec_of(it) == spec], drive)
+                report.write_summary_globals(Path(alluredir), record, drive=drive)
+        if alluredir and written:
+            report.write_allure_metadata(Path(alluredir), [r for _, r in written.values()])
+        return written
 
     def drive_label_of(self, record: dict, spec: str) -> str:
         return drive_label(record["target"].get("identity"), spec,
