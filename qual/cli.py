@@ -26,7 +26,7 @@ from qual.targets import Target
 from qual.targets.filesystem import erase_leftover
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
 from qual.workloads import registry
-from qual.workloads.base import duration, positive, size
+from qual.settings import duration, positive, size
 
 RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
       "write": ("write", "sequential"), "randwrite": ("write", "random"),

@@ -15,7 +15,7 @@ from qual.judge import judge
 from qual.targets import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
 from qual.flags import add_field_flags, claimed, field_flags, flag_fields, flag_name, given
-from qual.workloads.base import duration
+from qual.settings import duration
 
 
 class Reporter:

@@ -7,12 +7,11 @@ not given stays out of the table, so a profile's value holds."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from qual.family import Field
+from qual.settings import NEGATED, flag_value, nest
 
 DEST = "field:"  # dest prefix of a generated flag
-NEGATED = "no"
 
 # what a value of each kind is written as, in every flag's help
 UNITS = {
@@ -104,36 +103,3 @@ def given(args: argparse.Namespace, fields: tuple[Field, ...]) -> dict:
                  if key.startswith(DEST) and value is not None})
 
 
-def flag_value(f: Field, text: str):
-    """A flag's text as the value a profile would hold: lists are comma-separated, booleans
-    are yes/no, plain numbers are numbers (sizes and durations keep their units), a field's
-    words stand for their values."""
-    words = dict(f.words)
-    if text in words:
-        return words[text]
-    if f.kind in ("sizes", "counts", "choices"):
-        return [flag_value(Field(f.name, f.kind[:-1]), t.strip()) for t in text.split(",")]
-    if f.kind == "bool":
-        if text.lower() in ("1", "yes", "true", "on"):
-            return True
-        if text.lower() in ("0", NEGATED, "false", "off"):
-            return False
-        return text
-    if f.kind in ("count", "number"):
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
-    return text
-
-
-def nest(flat: dict[str, object]) -> dict:
-    """{"a.b": 1} -> {"a": {"b": 1}}."""
-    out: dict = {}
-    for key, value in flat.items():
-        *tables, leaf = key.split(".")
-        into = out
-        for t in tables:
-            into = into.setdefault(t, {})
-        into[leaf] = value
-    return out

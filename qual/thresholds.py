@@ -21,9 +21,10 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from qual import shipped, units
-from qual.family import Family, Field, Settings
+from qual.family import Family, Settings
 from qual.measurement import Criterion, measurement_id
 from qual.record import DEFAULT_TOLERANCE
+from qual.settings import complete, parse_fields, unknown_key
 
 PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
                 "peak_read_bw", "filesystem", "filesystem_options", "fit", "repeats",
@@ -148,7 +149,7 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
             criteria[c.id] = c  # a child's criterion replaces its parent's for the same id
     for family_name, table in tables.items():
         family = families[family_name]
-        _complete(family.fields, table, label, family_name, problems)
+        complete(family.fields, table, label, family_name, problems)
         if not problems:
             for key, problem in family.check(table):
                 problems.append((label, f"{family_name}.{key}", problem))
@@ -186,8 +187,8 @@ def family_table(fam: Family, given: dict, *, base: dict | None = None,
     profile's would be; ProfileError lists every problem."""
     family = fam.name
     problems: list[tuple[str, str, str]] = []
-    table = _merge(base or {}, _parse_fields(fam.fields, given, label, family, problems))
-    _complete(fam.fields, table, label, family, problems)
+    table = _merge(base or {}, parse_fields(fam.fields, given, label, family, problems))
+    complete(fam.fields, table, label, family, problems)
     if not problems:
         problems += [(label, f"{family}.{k}", p) for k, p in fam.check(table)]
     if problems:
@@ -242,7 +243,7 @@ def _parse_document(data: dict, families: dict[str, Family], doc: dict, problems
             family = families[key]
             table = dict(value)
             raw_criteria = table.pop("criteria", [])
-            doc["tables"][key] = _parse_fields(family.fields, table, label, key, problems)
+            doc["tables"][key] = parse_fields(family.fields, table, label, key, problems)
             if not isinstance(raw_criteria, list):
                 problems.append((label, f"{key}.criteria", "must be an array of tables ([[...]])"))
                 continue
@@ -271,7 +272,7 @@ def _parse_profile_table(value, label, problems) -> dict:
     for key, v in value.items():
         where = f"profile.{key}"
         if key not in PROFILE_KEYS:
-            problems.append((label, where, _unknown(key, PROFILE_KEYS)))
+            problems.append((label, where, unknown_key(key, PROFILE_KEYS)))
         elif key == "tolerance":
             out[key] = _ratio(v, label, where, problems)
         elif key == "device_truth":
@@ -334,18 +335,6 @@ def _parse_profile_table(value, label, problems) -> dict:
     return out
 
 
-def _unknown(key: str, known) -> str:
-    close = [k for k in known if _similar(key, k)]
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown key{hint}; known: {', '.join(known)}"
-
-
-def _similar(a: str, b: str) -> bool:
-    if abs(len(a) - len(b)) > 2:
-        return False
-    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)) <= 2 or sorted(a) == sorted(b)
-
-
 def _ratio(value, label, where, problems) -> float | None:
     try:
         r = units.parse_quantity(value, "ratio")
@@ -358,79 +347,6 @@ def _ratio(value, label, where, problems) -> float | None:
     return r
 
 
-def _parse_fields(fields: tuple[Field, ...], table: dict, label, prefix, problems) -> dict:
-    by_name = {f.name: f for f in fields}
-    out = {}
-    for key, value in table.items():
-        where = f"{prefix}.{key}"
-        f = by_name.get(key)
-        if f is None:
-            problems.append((label, where, _unknown(key, [*by_name, "criteria"])))
-            continue
-        try:
-            out[key] = _parse_value(f, value, label, where, problems)
-        except units.UnitError as e:
-            problems.append((label, where, str(e)))
-    return out
-
-
-def _parse_value(f: Field, value, label, where, problems):
-    kind = f.kind
-    if kind == "table":
-        if not isinstance(value, dict):
-            raise units.UnitError("must be a table")
-        return _parse_fields(f.fields, value, label, where, problems)
-    if kind in ("sizes", "counts", "choices"):
-        if not isinstance(value, list) or not value:
-            raise units.UnitError("must be a non-empty list")
-        single = Field(f.name, kind[:-1], choices=f.choices, minimum=f.minimum, maximum=f.maximum)
-        items = [_parse_value(single, v, label, where, problems) for v in value]
-        if len(set(items)) != len(items):
-            raise units.UnitError("lists a value twice")
-        return items
-    if kind == "size":
-        return units.parse_size(value, name=f.name, minimum=f.minimum)
-    if kind == "duration":
-        return units.parse_duration(value, name=f.name, zero_ok=f.minimum == 0)
-    if kind == "count":
-        return units.parse_count(value, name=f.name, minimum=f.minimum, maximum=f.maximum)
-    if kind == "ratio":
-        return units.parse_quantity(value, "ratio")
-    if kind == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise units.UnitError(f"{value!r} is not a positive number")
-        return float(value)
-    if kind == "text":
-        if not isinstance(value, str) or not value.strip():
-            raise units.UnitError(f"{value!r} is not a non-empty string")
-        return value
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise units.UnitError(f"{value!r} is not true or false")
-        return value
-    if kind == "choice":  # no choices: any name, the family's check says which it knows
-        if not f.choices and (not isinstance(value, str) or not value.strip()):
-            raise units.UnitError(f"{value!r} is not a name")
-        if f.choices and value not in f.choices:
-            raise units.UnitError(f"{value!r} is not one of {', '.join(f.choices)}")
-        return value
-    raise AssertionError(f"field kind {kind!r}")
-
-
-def _complete(fields: tuple[Field, ...], table: dict, label, prefix, problems) -> None:
-    """Fill defaults after inheritance; a required field nobody gave is a problem."""
-    for f in fields:
-        if f.name in table:
-            if f.kind == "table":
-                _complete(f.fields, table[f.name], label, f"{prefix}.{f.name}", problems)
-        elif f.required:
-            problems.append((label, f"{prefix}.{f.name}", f"missing ({f.help or f.kind})"))
-        elif f.default is not None:
-            table[f.name] = _parse_value(f, f.default, label, f"{prefix}.{f.name}", problems)
-            if f.kind == "table":  # a table given by default: its own fields' defaults too
-                _complete(f.fields, table[f.name], label, f"{prefix}.{f.name}", problems)
-
-
 def _parse_criterion(family: Family, raw, label, where, problems) -> Criterion | None:
     if not isinstance(raw, dict):
         problems.append((label, where, "must be a table"))
@@ -438,7 +354,7 @@ def _parse_criterion(family: Family, raw, label, where, problems) -> Criterion |
     before = len(problems)
     for key in raw:
         if key not in CRITERION_KEYS:
-            problems.append((label, f"{where}.{key}", _unknown(key, CRITERION_KEYS)))
+            problems.append((label, f"{where}.{key}", unknown_key(key, CRITERION_KEYS)))
     metric = family.metrics.get(raw.get("metric"))
     if metric is None:
         problems.append((label, f"{where}.metric", f"{raw.get('metric')!r} is not a metric of "
@@ -452,7 +368,7 @@ def _parse_criterion(family: Family, raw, label, where, problems) -> Criterion |
     declared = {p.name: p for p in metric.params}
     for name, value in raw_params.items():
         if name not in declared:
-            problems.append((label, f"{where}.params.{name}", _unknown(name, list(declared))))
+            problems.append((label, f"{where}.params.{name}", unknown_key(name, list(declared))))
             continue
         try:
             params[name] = declared[name].parse(value)

@@ -1,14 +1,11 @@
 """What every family's run shares: `ResultOutcome` (an `Outcome`, qual.family, that is the run's
 own result document), `Repeated` (a whole run done the profile's `repeats` times), the I/O
-backend field, the margin a fitted dataset leaves, argparse types for sizes, durations and
-counts."""
+backend field, the margin a fitted dataset leaves."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
-from qual import units
 from qual.engine import BACKENDS
 from qual.family import Field, Outcome
 from qual.measurement import Measurement, repeated
@@ -67,28 +64,6 @@ class Repeated(Outcome):
 
     def get(self, key, default=None):
         return self.last.get(key, default)
-
-
-def _argument(parse, text: str, **kw):
-    try:
-        return parse(text, **kw)
-    except units.UnitError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def positive(text: str) -> int:
-    """argparse type: a count of at least 1."""
-    return _argument(units.parse_count, text, name="value")
-
-
-def size(text: str) -> int:
-    """argparse type: a size with its unit (4k, 128K, 1M)."""
-    return _argument(units.parse_size, text)
-
-
-def duration(text: str) -> float:
-    """argparse type: a duration with its unit (10s, 500ms)."""
-    return _argument(units.parse_duration, text)
 
 
 def backend_field() -> Field:
