@@ -157,6 +157,37 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class SuiteTest:
+    """A test a family declares: the plugin makes it in the family's suite (`test_<name>`,
+    after the suite's own functions), and it records one `section` of the family's shared
+    run (the suite's `outcome`: the whole run, `repeats` times over; None: all of it) and
+    attaches those of the outcome's charts named in `charts` that the run drew. `skip(table)`
+    says why it does not run with a profile's table (None: it runs)."""
+
+    name: str
+    feature: str  # its Allure feature
+    description: str
+    section: str | None = None
+    charts: tuple[str, ...] = ()
+    skip: Callable[[dict], str | None] | None = None
+
+    @property
+    def id(self) -> str:
+        return f"test_{self.name}"
+
+
+def in_section(found: list[Measurement], sections: dict[str, tuple[str, ...]],
+               section: str | None) -> list[Measurement]:
+    """A run's measurements, or those of one section (`sections`: each section's metrics)."""
+    return found if section is None else [m for m in found if m.metric in sections[section]]
+
+
+def shares_the_run(tests: tuple[SuiteTest, ...], test: str) -> bool:
+    """Whether the suite's test `test` is one of these declared tests, which share one run."""
+    return any(t.id == test for t in tests)
+
+
+@dataclass(frozen=True)
 class Family:
     """A workload family: its profile table (fields, checked by `check`, which returns (key,
     problem) pairs), its metrics, the measurement ids a table will produce (`cells`), and how
@@ -174,7 +205,9 @@ class Family:
     the payload bytes/s of the class's host link, or None), for `qual profiles --check`; the
     link check every bandwidth floor gets is the core's (qual/feasibility.py). Its command's
     flags are made from `fields` (qual/flags.py); `flags` says what the command does beyond
-    them. `watch`: a family that watches the others' suites (health) instead of running."""
+    them. `watch`: a family that watches the others' suites (health) instead of running.
+    `tests`: the tests it declares for its suite, each one section of its shared run
+    (SuiteTest); the suite file itself then holds only what no declaration can say."""
 
     name: str
     description: str
@@ -195,6 +228,7 @@ class Family:
     feasible: Callable[[object, object, float | None], list[str]] = field(
         default=lambda profile, criterion, link: [])
     watch: Watcher | None = None
+    tests: tuple[SuiteTest, ...] = ()
 
     @property
     def subcommand(self) -> str:

@@ -1,42 +1,15 @@
 """GNN qualification, seeds 000/002: RGAT trained on an IGBH graph through a GIDS/BaM-style
 loader on the native engine and through the DGL-style mmap baseline: accuracy of both (the
-loaders delivered the right data), GIDS's speedup, and its cache behaviour."""
+loaders delivered the right data), GIDS's speedup, and its cache behaviour: the family's tests
+(qual.workloads.gnn.TESTS); here, what only a GPU can check."""
 
 import allure
 import numpy as np
 import pytest
 
 from qual.workloads import gnn
-from qual.workloads.gnn import charts
 
 pytestmark = [pytest.mark.gnn]
-
-
-def _pick(outcome, *metrics):
-    return [m for m in outcome.measurements() if m.metric in metrics]
-
-
-@allure.feature("GNN accuracy")
-def test_accuracy(outcome, record):
-    """Validation accuracy of RGAT trained through each loader."""
-    record.add(_pick(outcome, "gnn_accuracy"))
-
-
-@allure.feature("GNN speedup")
-def test_speedup(outcome, record):
-    """End-to-end seconds of the measured steps per loader, their stages, GIDS's speedup."""
-    record.add(_pick(outcome, "gnn_e2e_s", "gnn_stage_s", "gnn_speedup"))
-    record.attach("stage breakdown", charts.stage_chart(outcome.last))
-
-
-@allure.feature("GNN cache")
-def test_cache(outcome, record):
-    """GIDS's hit rate, the bandwidth it drew from the SSD, and each loader's delivered rate."""
-    if "gids" not in outcome["loaders"]:
-        pytest.skip("the profile does not run the GIDS loader")
-    record.add(_pick(outcome, "gnn_hit_rate", "gnn_ssd_bw", "gnn_effective_bw"))
-    if outcome["loaders"]["gids"].get("cache"):
-        record.attach("GIDS cache", charts.cache_chart(outcome.last))
 
 
 @pytest.mark.gpu

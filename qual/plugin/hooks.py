@@ -122,10 +122,11 @@ WATCHES = "family_watches"
 
 
 def pytest_collectstart(collector):
-    """A suite of a family that a watcher family covers (health) gets the watcher's test,
-    test_<watcher>, after its own tests, and the watches start with the suite (the
-    `family_watches` fixture): no suite names a watcher, and a family added through
-    QUAL_FAMILIES is watched like qual's own."""
+    """A suite gets the tests its family declares (Family.tests), after the suite's own
+    functions; and where a watcher family covers it (health), the watcher's test,
+    test_<watcher>, last, the watches starting with the suite (the `family_watches`
+    fixture): no suite names a watcher, and a family added through QUAL_FAMILIES is made and
+    watched like qual's own."""
     if not isinstance(collector, pytest.Module):
         return
     try:
@@ -133,11 +134,33 @@ def pytest_collectstart(collector):
     except Exception:  # noqa: BLE001
         return
     session = qual_session(collector.config)
+    family = session.families.get(session.family_of(collector) or "")
+    for declared in (family.tests if family else ()):
+        if not hasattr(module, declared.id):  # a suite may write one of its own
+            setattr(module, declared.id, _declared_test(declared, module.__name__))
     watchers = session.watchers_of(session.family_of(collector))
     for watcher in watchers:
         setattr(module, f"test_{watcher.name}", _watch_test(watcher, module.__name__))
     if watchers:
         collector.add_marker(pytest.mark.usefixtures(WATCHES))
+
+
+def _declared_test(declared, module: str):
+    """The test a family declares (qual.family.SuiteTest): one section of the suite's shared
+    run recorded, the named charts attached."""
+    def test(outcome, table, record):
+        why = declared.skip(table) if declared.skip else None
+        if why:
+            pytest.skip(why)
+        record.add(outcome.measurements(declared.section))
+        drawn = outcome.charts() if declared.charts else {}
+        for title in declared.charts:
+            if title in drawn:
+                record.attach(title, drawn[title])
+    test.__name__ = test.__qualname__ = declared.id
+    test.__module__ = module
+    test.__doc__ = declared.description
+    return allure.feature(declared.feature)(test)
 
 
 def _watch_test(watcher, module: str):

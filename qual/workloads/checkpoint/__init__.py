@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from qual.units import format_size
-from qual.family import Family, Flags, Rates, Work
+from qual.family import Family, Flags, Rates, SuiteTest, Work, shares_the_run
 from qual.workloads.base import FIT_MARGIN
 from qual.workloads.checkpoint.plan import MLPERF_LAYOUTS, describe
 from qual.workloads.checkpoint.spec import (FIELDS, METRICS, MLPERF_CHECKPOINTS, NAME, cells,
@@ -51,13 +51,36 @@ def _defaults(given: dict) -> dict:
 # CPU seconds a rank process takes to start on qual's reference host (2 cores, KVM): Python,
 # numpy, torch and the engine imported (`python3 -c "import torch"`: 2.3 s)
 RANK_START_CPU_S = 2.3
-RUN_TESTS = ("test_mlperf_v2", "test_passes", "test_restore", "test_torch_baseline")
+def _unless(procedure: str, wanted: str | None = None, said: str = ""):
+    """A test's skip: a profile of another procedure, or one without the table key it needs."""
+    def why(table: dict) -> str | None:
+        if table["procedure"] != procedure:
+            return f"the profile's checkpoint procedure is {table['procedure']}"
+        return said if wanted and not table[wanted] else None
+    return why
+
+
+TESTS = (
+    SuiteTest("mlperf_v2", "MLPerf Storage v2.0 checkpointing", "Per run: the writes, the page "
+              "cache cleared, every checkpoint read back from the device and verified; MLPerf's "
+              "figures (slowest rank) per run and over the runs.", section="mlperf",
+              skip=_unless("mlperf-v2")),
+    SuiteTest("passes", "checkpoint passes", "Mean seconds per checkpoint in every pass, and "
+              "each checkpoint's own seconds.", section="passes",
+              charts=("seconds per checkpoint",), skip=_unless("passes")),
+    SuiteTest("restore", "checkpoint restore", "The last checkpoint read back, every chunk's "
+              "CRC32C checked, every byte compared.", section="restore",
+              skip=_unless("passes", "restore", "the profile does not restore")),
+    SuiteTest("torch_baseline", "torch baseline", "torch.save (+ fsync) and torch.load of the "
+              "same tensors on the same target.", section="baseline",
+              skip=_unless("passes", "baseline", "the profile has no torch baseline")),
+)
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     """The suite's tests share one workload run (its module's `outcome`): the rank processes
     started, the checkpoints written and read back, the torch baseline."""
-    if test not in RUN_TESTS or table.get("read_only"):
+    if not shares_the_run(TESTS, test) or table.get("read_only"):
         return []
     plan = plan_of(table)
     processes = table["ranks"] or len(plan.ranks)
@@ -83,7 +106,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
 
 FAMILY = Family(name=NAME, description="DLIO-style LLM checkpoint write, restore and torch.save",
                 fields=FIELDS, metrics=METRICS, check=check_table, cells=cells, run=run,
-                remove=remove, plan=_plan, filesystem=True,
+                remove=remove, plan=_plan, filesystem=True, tests=TESTS,
                 reads_from=lambda table: table.get("read_only"),
                 fit=lambda table, room, need: {"scale": table["scale"] * room / need * FIT_MARGIN},
                 flags=Flags(defaults=_defaults, keeps=True, explain=_plan_document,

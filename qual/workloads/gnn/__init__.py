@@ -4,7 +4,7 @@ and the DGL-style mmap baseline; accuracy of both, GIDS's speedup, its cache beh
 from __future__ import annotations
 
 from qual.workloads.base import FIT_MARGIN
-from qual.family import Family, Rates, Work
+from qual.family import Family, Rates, SuiteTest, Work, shares_the_run
 from qual.workloads.gnn.igbh import FEATURE_DIM, SIZES
 from qual.workloads.gnn.spec import FIELDS, LOADERS, METRICS, NAME, STAGES, cells, check_table
 from qual.workloads.gnn.results import GnnOutcome, equal_memory, measurements
@@ -23,7 +23,16 @@ __all__ = ["FAMILY", "NAME", "METRICS", "FIELDS", "LOADERS", "STAGES", "run", "r
 GENERATE_CPU_S_PER_NODE = 80e-6
 STEP_CPU_S = 0.38
 STEP_REFERENCE = 512 * (1 + 5 + 5 * 3) * 64 * 2  # seed nodes x sampled hops x hidden x heads
-RUN_TESTS = ("test_accuracy", "test_speedup", "test_cache")
+TESTS = (
+    SuiteTest("accuracy", "GNN accuracy", "Validation accuracy of RGAT trained through each "
+              "loader.", section="accuracy"),
+    SuiteTest("speedup", "GNN speedup", "End-to-end seconds of the measured steps per loader, "
+              "their stages, GIDS's speedup.", section="speedup", charts=("stage breakdown",)),
+    SuiteTest("cache", "GNN cache", "GIDS's hit rate, the bandwidth it drew from the SSD, and "
+              "each loader's delivered rate.", section="cache", charts=("GIDS cache",),
+              skip=lambda table: None if "gids" in table["loaders"] else
+              "the profile does not run the GIDS loader"),
+)
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
@@ -31,7 +40,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     feature store written, then each loader's training steps and validation batches; RGAT
     computes on the host's CPU, and the mmap baseline also waits for its page faults (reads
     at low depth: a quarter of the 4 KiB IOPS)."""
-    if test not in RUN_TESTS:
+    if not shares_the_run(TESTS, test):
         return []
     counts = SIZES[table["size"]]
     synthetic = table["dataset"] == "synthetic"
@@ -62,7 +71,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
 
 FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on "
                 "IGBH", fields=FIELDS, metrics=METRICS, check=check_table, cells=cells, run=run,
-                remove=remove, plan=_plan,
+                remove=remove, plan=_plan, tests=TESTS,
                 filesystem=True, fit=lambda table, room, need: {
                     "scale": table["scale"] * room / need * FIT_MARGIN}
                 if table["dataset"] == "synthetic" else {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from qual import honesty
 from qual.units import format_quantity
+from qual.family import in_section
 from qual.workloads.base import ResultOutcome
 from qual.measurement import Measurement, measure
 from qual.workloads.gnn import charts
@@ -73,11 +74,17 @@ def equal_memory(gids: dict, mmap: dict) -> tuple[dict, str | None]:
     return out, None
 
 
+# the suite records these apart: whether the loaders delivered, how fast, the GIDS cache
+SECTIONS = {"accuracy": ("gnn_accuracy",),
+            "speedup": ("gnn_e2e_s", "gnn_stage_s", "gnn_speedup"),
+            "cache": ("gnn_hit_rate", "gnn_ssd_bw", "gnn_effective_bw")}
+
+
 class GnnOutcome(ResultOutcome):
     """What each loader measured (a dict, as `run` assembles it) and the protocol's views."""
 
-    def measurements(self) -> list[Measurement]:
-        return measurements(self, self.target)
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        return in_section(measurements(self, self.target), SECTIONS, section)
 
     def document(self) -> dict:
         loaders = self["loaders"]

@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import math
 
-from qual.family import Family, Flags, Rates, Work
+from qual.family import Family, Flags, Rates, SuiteTest, Work, shares_the_run
 from qual.targets import Target
 from qual.workloads.kvcache.results import KvCacheOutcome
 from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
                                          drive_bytes, prefix_bytes, turn_entries)
 from qual.workloads.kvcache import workload
 
-RUN_TESTS = ("test_storage", "test_service")
+TESTS = (
+    SuiteTest("storage", "KV-cache storage", "Prefill-write and decode-read latency on the drive, "
+              "decode bytes read, hits per tier.", section="storage"),
+    SuiteTest("service", "KV-cache service", "End-to-end latency per QoS class, queue wait, "
+              "tokens per second (a search's answer); the per-request latency chart, and a "
+              "search's trials.", section="service",
+              charts=("KV-cache latency per request", "KV-cache qos search",
+                      "KV-cache capacity search")),
+)
 
 
 def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> KvCacheOutcome:
@@ -47,7 +55,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     turn's decode reads its conversation so far back (where host memory holds none of it); a
     duration-bound one lasts its duration; a search runs one trial per user count it tries
     (doubling up to max_users, then halving the gap: at most twice log2 of the range)."""
-    if test not in RUN_TESTS:
+    if not shares_the_run(TESTS, test):
         return []
     users = table["users"] if table["mode"] == "fixed" else table["max_users"]
     first, later = turn_entries(table)
@@ -64,4 +72,4 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
 FAMILY = Family(name=NAME, description="MLPerf Storage v3.0 KV-cache offload: prefill writes, "
                 "decode reads, per request, with device truth", fields=FIELDS, metrics=METRICS,
                 check=check_table, cells=cells, run=run, remove=workload.remove,
-                plan=_plan, flags=Flags(explain=explain))
+                plan=_plan, flags=Flags(explain=explain), tests=TESTS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from qual.engine import LatencyHistogram
 from qual.measurement import Measurement, measure
-from qual.family import Outcome
+from qual.family import Outcome, in_section
 from qual.workloads.kvcache import charts
 from qual.workloads.kvcache.spec import METRICS, NAME, PERCENTILES
 
@@ -34,8 +34,7 @@ class KvCacheOutcome(Outcome):
 
     def measurements(self, section: str | None = None) -> list[Measurement]:
         """All, or one section: storage (the drive's figures) or service (the users')."""
-        found = self._all()
-        return found if section is None else [m for m in found if m.metric in SECTIONS[section]]
+        return in_section(self._all(), SECTIONS, section)
 
     def _all(self) -> list[Measurement]:
         r = self.result

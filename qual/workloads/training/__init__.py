@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from qual.workloads.base import FIT_MARGIN
-from qual.family import Family, Flags, Rates, Work
+from qual.family import Family, Flags, Rates, SuiteTest, Work, shares_the_run
 from qual.workloads.training import configs
 from qual.workloads.training.spec import (FIELDS, METRICS, NAME, cells, check_table, explain,
                                           workload_of)
@@ -38,15 +38,26 @@ def _fit(table: dict, room: int, need: int) -> dict:
     return {"files": files, "record_scale": table["record_scale"] * scale}
 
 
-RUN_TESTS = ("test_utilisation", "test_throughput", "test_accelerators_per_drive",
-             "test_dataset_size")
+TESTS = (
+    SuiteTest("utilisation", "training AU", "Mean and lowest-epoch AU per accelerator count, "
+              "and the no-storage ceiling.", section="utilisation",
+              charts=("AU vs accelerators",)),
+    SuiteTest("throughput", "training throughput", "Samples/s and bytes/s per accelerator "
+              "count, and the share the device really read.", section="throughput",
+              charts=("MiB/s vs accelerators",)),
+    SuiteTest("accelerators_per_drive", "accelerators per drive", "The most accelerators of "
+              "the sweep that held the AU floor (MLPerf Storage's headline).",
+              section="accelerators"),
+    SuiteTest("dataset_size", "training dataset size", "Files against MLPerf Storage's minimum "
+              "(500 steps of every accelerator, 5x host RAM).", section="dataset"),
+)
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     """The suite's tests share one sweep (its module's `outcome`, run `repeats` times over the
     dataset written once): per accelerator count a calibration epoch without storage and each epochs value, every
     epoch as long as its compute or its reads, whichever is longer."""
-    if test not in RUN_TESTS:
+    if not shares_the_run(TESTS, test):
         return []
     w = workload_of(table)
     data = w.files * w.file_bytes
@@ -92,7 +103,7 @@ def _feasible(profile, criterion, link) -> list[str]:
 FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
                 "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
                 check=check_table, cells=cells, run=run, remove=remove, command="train",
-                plan=_plan, filesystem=True,
+                plan=_plan, filesystem=True, tests=TESTS,
                 fit=_fit,
                 flags=Flags(defaults=_defaults,
                             explain=lambda table: explain(table, host_memory())), feasible=_feasible)

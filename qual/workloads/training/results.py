@@ -4,6 +4,7 @@ a drive keeps busy, the dataset-size rule) and as the outcome the command and th
 from __future__ import annotations
 
 from qual import honesty
+from qual.family import in_section
 from qual.workloads.base import ResultOutcome
 from qual.measurement import Measurement, measure
 from qual.targets import Target
@@ -72,11 +73,18 @@ def measurements(result: dict, target: Target) -> list[Measurement]:
     return out
 
 
+# the suite records these apart: AU, throughput, the headline count, the dataset rule
+SECTIONS = {"utilisation": ("train_au", "train_au_min_epoch", "train_au_ceiling"),
+            "throughput": ("train_samples_per_s", "train_bw", "train_device_read_share"),
+            "accelerators": ("train_max_accelerators",),
+            "dataset": ("train_dataset_share",)}
+
+
 class TrainingOutcome(ResultOutcome):
     """The sweep's results (a dict, as `run` assembles it) and the protocol's views of them."""
 
-    def measurements(self) -> list[Measurement]:
-        return measurements(self, self.target)
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        return in_section(measurements(self, self.target), SECTIONS, section)
 
     def document(self) -> dict:
         """The first sweep point: one accelerator count, one epochs value (as the CLI runs)."""

@@ -2,7 +2,8 @@
 test_families.py): durable small writes, each write followed by fdatasync, timed one by one,
 the way a database log or a checkpoint's commit record hits the drive. It proves that a
 family needs nothing outside its folder to run through `qual run`, `qual stamp`, the run
-record and the report."""
+record and the report, and shows the whole shape of one: its fields and metrics, the tests it
+declares (each a section of one shared run, with its chart), the work it plans, its outcome."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 from qual import charts
 from qual.errors import TargetUnavailable
-from qual.family import Family, Field, Outcome
+from qual.family import (Family, Field, Outcome, Rates, SuiteTest, Work, in_section,
+                         shares_the_run)
 from qual.measurement import Measurement, Metric, Param, measure, measurement_id
 from qual.targets.scratch import fsync_dir, own_folder, remove_made
 
@@ -39,6 +41,26 @@ def _cells(table: dict) -> list[str]:
         ["stamp_rate"]
 
 
+# the suite records these apart: how long one durable write takes, and how many a second
+SECTIONS = {"latency": ("stamp_lat",), "rate": ("stamp_rate",)}
+
+TESTS = (
+    SuiteTest("latency", "durable write latency", "write + fdatasync latency percentiles.",
+              section="latency", charts=("durable write latency",)),
+    SuiteTest("rate", "durable write rate", "Durable writes per second.", section="rate"),
+)
+
+
+def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
+    """The suite's tests share one run: `count` writes of a block, each with its flush."""
+    if not shares_the_run(TESTS, test):
+        return []
+    written = table["count"] * table["block_size"]
+    return [Work("stamp run", written / rates.write_bw + table["count"] * 1e-3,
+                 bytes_written=written, space=written, repeated=True,
+                 what=f"{table['count']} durable writes")]
+
+
 class StampOutcome(Outcome):
     def __init__(self, seconds: list[float], table: dict, target: str):
         self.seconds, self.table, self.target = seconds, table, target
@@ -47,7 +69,10 @@ class StampOutcome(Outcome):
         ordered = sorted(self.seconds)
         return ordered[max(0, min(len(ordered) - 1, round(pct / 100 * len(ordered)) - 1))]
 
-    def measurements(self) -> list[Measurement]:
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        return in_section(self._all(), SECTIONS, section)
+
+    def _all(self) -> list[Measurement]:
         ctx = {"target": self.target, "count": len(self.seconds),
                "block_size": self.table["block_size"], "path": "write + fdatasync"}
         out = [measure(NAME, METRICS["stamp_lat"], {"pct": p}, self._percentile(p), context=ctx,
@@ -100,4 +125,4 @@ def remove(target) -> None:
 
 FAMILY = Family(name=NAME, description="durable small writes (write + fdatasync)",
                 fields=FIELDS, metrics=METRICS, cells=_cells, run=run, remove=remove,
-                suite=Path(__file__).parent / "suite.py")
+                plan=_plan, tests=TESTS, suite=Path(__file__).parent / "suite.py")
