@@ -182,3 +182,18 @@ def test_every_family_with_a_run_has_a_subcommand_with_its_fields_as_flags(tmp_p
         assert flag in helps["bandwidth"]
     for flag in ("--generations", "--queue-depth", "--patterns"):
         assert flag in helps["integrity"]
+
+
+def test_under_xdist_its_tests_keep_their_drive_and_their_ids(tmp_path):
+    """`qual run -n 2`: the family's tests join their drive's xdist group like qual's own
+    (one worker holds the drive: no EBUSY between workers), with ids named by its folder."""
+    profile = tmp_path / "stamp.toml"
+    profile.write_text(PROFILE)
+    results = tmp_path / "res"
+    proc = qual("run", "-n", "2", "--target", str(tmp_path / "drive.dat"), "--profile",
+                str(profile), "--results", str(results), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    record = json.loads((results / "qual-run.json").read_text())
+    assert [t["nodeid"] for t in record["tests"] if t["nodeid"].startswith("stamp/")] == [
+        "stamp/suite.py::test_latency", "stamp/suite.py::test_rate", "stamp/suite.py::test_health"]
+    assert record["summary"]["verdict"] == "PASS"

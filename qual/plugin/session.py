@@ -318,8 +318,14 @@ class QualSession:
     # ---- hooks (registered as a plugin object)
 
     def pytest_itemcollected(self, item):
-        # marked as each item is collected, so the mark is there before any
-        # pytest_collection_modifyitems (xdist's turns it into the group name)
+        """As each test is collected, before any pytest_collection_modifyitems: its drive's
+        xdist group (xdist's turns the mark into the group name), and an id of its own for
+        a test of a file outside the suites' folder (a lab's own family's suite, named with
+        `-c suites/pytest.ini`), which pytest gives an empty path, `::test_x` (pytest issue
+        11245), so that two such families would share ids in the journal and the record: it
+        is named by its family's folder, `stamp/suite.py::test_latency`."""
+        if item.nodeid.startswith("::"):
+            item._nodeid = f"{item.path.parent.name}/{item.path.name}{item.nodeid}"
         if QUAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(name=f"{DRIVE_GROUP}{self.spec_of(item)}"))
 
@@ -333,14 +339,6 @@ class QualSession:
     def family_of(self, node) -> str | None:
         """The workload family a suite (or one of its tests) is marked with."""
         return next((m.name for m in node.iter_markers() if m.name in self.families), None)
-
-    def pytest_itemcollected(self, item):
-        """pytest gives a test of a file outside the suites' folder (a lab's own family's
-        suite, named with `-c suites/pytest.ini`) an empty path in its node id, `::test_x`
-        (pytest issue 11245): two such families would share ids in the journal and the record.
-        qual names it by its family's folder: `stamp/suite.py::test_latency`."""
-        if item.nodeid.startswith("::"):
-            item._nodeid = f"{item.path.parent.name}/{item.path.name}{item.nodeid}"
 
     def pytest_collection_modifyitems(self, session, config, items):
         """On a raw namespace the raw suites run first, then the file families' suites on the
