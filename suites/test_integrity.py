@@ -21,10 +21,8 @@ def pattern(request, table):
 def test_blocks_read_back_as_written(pattern, table, target, record, progress):
     """Every block of the region holds its own offset, this run's seed and the last sequence
     written, and its bytes pass their CRC32C."""
-    result = integrity.run_pattern(target, table, pattern, progress=progress)
-    check = result["check"]
-    for bad in check.bad:
-        print(bad.describe())
-    if check.bad_blocks > len(check.bad):
-        print(f"... {check.bad_blocks - len(check.bad)} more bad blocks")
-    record.add(integrity.measurements(result, target))
+    outcome = integrity.IntegrityOutcome(
+        [integrity.run_pattern(target, table, pattern, progress=progress)], target)
+    for line in outcome.lines():  # every bad block named with its offset
+        print(line)
+    record.outcome(outcome)

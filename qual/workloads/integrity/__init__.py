@@ -128,6 +128,8 @@ class IntegrityOutcome(Outcome):
                        f"{units.format_quantity(doc['write_bw_bytes'], dimension='bandwidth')}, "
                        f"check {units.format_quantity(doc['read_bw_bytes'], dimension='bandwidth')}")
             out += [f"  {bad}" for bad in doc["bad"]]
+            if doc["bad_blocks"] > len(doc["bad"]):
+                out.append(f"  ... {doc['bad_blocks'] - len(doc['bad'])} more bad blocks")
         return out
 
     def exit_status(self) -> int:
