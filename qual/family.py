@@ -146,6 +146,10 @@ class Outcome:
         """Charts as PNG bytes by title, attached to the report."""
         return {}
 
+    def texts(self) -> dict[str, str]:
+        """Text reports by title (a PTS test's tables), attached to the report."""
+        return {}
+
     def lines(self) -> list[str]:
         """What `qual <family>` prints for a person: every measurement with its unit."""
         return [f"{m.id} = {m.shown()}" for m in self.measurements()]
@@ -159,10 +163,11 @@ class Outcome:
 @dataclass(frozen=True)
 class SuiteTest:
     """A test a family declares: the plugin makes it in the family's suite (`test_<name>`,
-    after the suite's own functions), and it records one `section` of the family's shared
-    run (the suite's `outcome`: the whole run, `repeats` times over; None: all of it) and
-    attaches those of the outcome's charts named in `charts` that the run drew. `skip(table)`
-    says why it does not run with a profile's table (None: it runs)."""
+    after the suite's own functions). Most record one `section` of the family's shared run
+    (the suite's `outcome`: the whole run, `repeats` times over; None: all of it) and attach
+    those of the outcome's charts named in `charts` that the run drew; one with `each` runs
+    once for each value its table gives instead. `skip(table)` says why it does not run with
+    a profile's table (None: it runs)."""
 
     name: str
     feature: str  # its Allure feature
@@ -170,6 +175,16 @@ class SuiteTest:
     section: str | None = None
     charts: tuple[str, ...] = ()
     skip: Callable[[dict], str | None] | None = None
+    # a test that is a run of its own for each value a table gives (a PTS test, an integrity
+    # order), not a section of the shared run: `each(table)` the values, `label(value)` each
+    # one's test id, `run(target, table, value, seed=, progress=)` its Outcome (recorded whole,
+    # its charts and texts attached, its lines printed); `repeated`: measured `repeats` times,
+    # interleaved (ids ending -rN); `destructive(value)`: it writes
+    each: Callable[[dict], list] | None = None
+    label: Callable[[object], str] = str
+    run: Callable[..., Outcome] | None = None
+    repeated: bool = False
+    destructive: Callable[[object], bool] = field(default=lambda value: False)
 
     @property
     def id(self) -> str:
@@ -182,8 +197,8 @@ def in_section(found: list[Measurement], sections: dict[str, tuple[str, ...]],
     return found if section is None else [m for m in found if m.metric in sections[section]]
 
 
-def shares_the_run(tests: tuple[SuiteTest, ...], test: str) -> bool:
-    """Whether the suite's test `test` is one of these declared tests, which share one run."""
+def declares(tests: tuple[SuiteTest, ...], test: str) -> bool:
+    """Whether the suite's test `test` (its function's name) is one of these declared tests."""
     return any(t.id == test for t in tests)
 
 

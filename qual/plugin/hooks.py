@@ -97,7 +97,11 @@ def profile(request) -> thresholds.Profile:
 
 
 def pytest_generate_tests(metafunc):
-    """Several --qual-target: every test that touches a drive runs once per drive."""
+    """A family's declared test that runs for each value of its table gets its values; with
+    several --qual-target, every test that touches a drive runs once per drive."""
+    declared = getattr(metafunc.function, "qual_declared", None)
+    if declared is not None and declared.each is not None:
+        _parametrize_each(metafunc, declared)
     specs = qual_session(metafunc.config).target_specs
     if "target" in metafunc.fixturenames and len(specs) > 1:
         metafunc.parametrize("target", specs, indirect=True, scope="module",
@@ -137,7 +141,9 @@ def pytest_collectstart(collector):
     family = session.families.get(session.family_of(collector) or "")
     for declared in (family.tests if family else ()):
         if not hasattr(module, declared.id):  # a suite may write one of its own
-            setattr(module, declared.id, _declared_test(declared, module.__name__))
+            made = (_each_test if declared.each else _declared_test)(declared, module.__name__)
+            made.qual_declared = declared  # for pytest_generate_tests: its values
+            setattr(module, declared.id, made)
     watchers = session.watchers_of(session.family_of(collector))
     for watcher in watchers:
         setattr(module, f"test_{watcher.name}", _watch_test(watcher, module.__name__))
@@ -161,6 +167,46 @@ def _declared_test(declared, module: str):
     test.__module__ = module
     test.__doc__ = declared.description
     return allure.feature(declared.feature)(test)
+
+
+def _each_test(declared, module: str):
+    """The test a family declares for each value of its table (SuiteTest.each): a run of its
+    own, recorded whole, its lines printed, its charts and texts attached."""
+    def test(qual_value, repetition, table, target, record, progress):
+        why = declared.skip(table) if declared.skip else None
+        if why:
+            pytest.skip(why)
+        record.repeat(repetition)
+        outcome = declared.run(target, table, qual_value, seed=record.seed, progress=progress)
+        for line in outcome.lines():
+            print(line)
+        for title, text in outcome.texts().items():
+            record.attach(title, text, kind="text")
+        record.outcome(outcome)
+    test.__name__ = test.__qualname__ = declared.id
+    test.__module__ = module
+    test.__doc__ = declared.description
+    return allure.feature(declared.feature)(test)
+
+
+def _parametrize_each(metafunc, declared) -> None:
+    """A declared test's values under this profile, one test each (ids from its labels), each
+    repeated `repeats` times and interleaved where it is `repeated`; a value that writes is
+    marked destructive."""
+    session = qual_session(metafunc.config)
+    table = session.profile.table(session.family_of(metafunc.definition))
+    values = {declared.label(v): v for v in (declared.each(table) if table else [])}
+
+    def marks(label):
+        return [pytest.mark.destructive] if declared.destructive(values[label]) else []
+    if declared.repeated:
+        params, ids = session.repetitions(list(values))
+        metafunc.parametrize(["qual_value", "repetition"], [
+            pytest.param(values[label], rep, id=i, marks=marks(label))
+            for (rep, label), i in zip(params, ids)])
+    else:
+        metafunc.parametrize("qual_value", [pytest.param(v, id=label, marks=marks(label))
+                                            for label, v in values.items()])
 
 
 def _watch_test(watcher, module: str):

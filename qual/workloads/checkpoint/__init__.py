@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from qual.units import format_size
-from qual.family import Family, Flags, Rates, SuiteTest, Work, shares_the_run
+from qual.family import Family, Flags, Rates, SuiteTest, Work, declares
 from qual.workloads.base import FIT_MARGIN
 from qual.workloads.checkpoint.plan import MLPERF_LAYOUTS, describe
 from qual.workloads.checkpoint.spec import (FIELDS, METRICS, MLPERF_CHECKPOINTS, NAME, cells,
@@ -80,7 +80,7 @@ TESTS = (
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     """The suite's tests share one workload run (its module's `outcome`): the rank processes
     started, the checkpoints written and read back, the torch baseline."""
-    if not shares_the_run(TESTS, test) or table.get("read_only"):
+    if not declares(TESTS, test) or table.get("read_only"):
         return []
     plan = plan_of(table)
     processes = table["ranks"] or len(plan.ranks)

@@ -4,7 +4,7 @@ and the DGL-style mmap baseline; accuracy of both, GIDS's speedup, its cache beh
 from __future__ import annotations
 
 from qual.workloads.base import FIT_MARGIN
-from qual.family import Family, Rates, SuiteTest, Work, shares_the_run
+from qual.family import Family, Rates, SuiteTest, Work, declares
 from qual.workloads.gnn.igbh import FEATURE_DIM, SIZES
 from qual.workloads.gnn.spec import FIELDS, LOADERS, METRICS, NAME, STAGES, cells, check_table
 from qual.workloads.gnn.results import GnnOutcome, equal_memory, measurements
@@ -40,7 +40,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     feature store written, then each loader's training steps and validation batches; RGAT
     computes on the host's CPU, and the mmap baseline also waits for its page faults (reads
     at low depth: a quarter of the 4 KiB IOPS)."""
-    if not shares_the_run(TESTS, test):
+    if not declares(TESTS, test):
         return []
     counts = SIZES[table["size"]]
     synthetic = table["dataset"] == "synthetic"

@@ -10,7 +10,7 @@ import secrets
 from qual import engine, honesty, units
 from qual.exits import Exit
 from qual.workloads.base import backend_field
-from qual.family import Family, Field, Outcome, Rates, Work
+from qual.family import Family, Field, Outcome, Rates, SuiteTest, Work, declares
 from qual.measurement import Measurement, Metric, Param, measure, measurement_id
 from qual.targets import Target
 
@@ -153,7 +153,7 @@ def run(target: Target, table: dict, *, seed: int | None = None, progress=None,
 
 def _plan(table: dict, test: str, pattern, rates: Rates) -> list[Work]:
     """A pattern's test writes the region `generations` times and reads it once."""
-    if test != "test_blocks_read_back_as_written" or pattern not in table["patterns"]:
+    if not declares(TESTS, test) or pattern not in table["patterns"]:
         return []
     size = table["size"]
     written = table["generations"] * size
@@ -162,8 +162,16 @@ def _plan(table: dict, test: str, pattern, rates: Rates) -> list[Work]:
                  what=f"the integrity region ({NAME}.size)")]
 
 
+TESTS = (SuiteTest("blocks_read_back_as_written", "data integrity", "Every block of the "
+                   "region holds its own offset, this run's seed and the last sequence "
+                   "written, and its bytes pass their CRC32C.",
+                   each=lambda table: list(table["patterns"]),
+                   run=lambda target, table, pattern, *, seed, progress: IntegrityOutcome(
+                       [run_pattern(target, table, pattern, progress=progress)], target)),)
+
+
 FAMILY = Family(name=NAME, description="data integrity: verification blocks written, "
                 "overwritten and checked", fields=FIELDS, metrics=METRICS, check=_check,
-                cells=_cells, run=run, plan=_plan,
+                cells=_cells, run=run, plan=_plan, tests=TESTS,
                 fit=lambda table, room, need: {"size": room // table["block_size"] *
                                                        table["block_size"]})

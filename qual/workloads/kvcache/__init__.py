@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from qual.family import Family, Flags, Rates, SuiteTest, Work, shares_the_run
+from qual.family import Family, Flags, Rates, SuiteTest, Work, declares
 from qual.targets import Target
 from qual.workloads.kvcache.results import KvCacheOutcome
 from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
@@ -55,7 +55,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     turn's decode reads its conversation so far back (where host memory holds none of it); a
     duration-bound one lasts its duration; a search runs one trial per user count it tries
     (doubling up to max_users, then halving the gap: at most twice log2 of the range)."""
-    if not shares_the_run(TESTS, test):
+    if not declares(TESTS, test):
         return []
     users = table["users"] if table["mode"] == "fixed" else table["max_users"]
     first, later = turn_entries(table)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from qual import engine, honesty, steady
 from qual.engine import IoResult
-from qual.family import Family, Field, Outcome, Rates, Work
+from qual.family import Family, Field, Outcome, Rates, SuiteTest, Work, declares
 from qual.measurement import Measurement, Metric, Param, format_block, measure
 from qual.targets import Target, nvme
 from qual.workloads.base import backend_field
@@ -284,6 +284,9 @@ class PtsOutcome(Outcome):
         from qual.workloads.pts import charts
         return charts.all_charts(self.sections)
 
+    def texts(self) -> dict[str, str]:
+        return {f"PTS {', '.join(self.sections)} report": self.report_text()}
+
     def report_text(self) -> str:
         """The PTS report's summary tables, as text."""
         out = []
@@ -430,7 +433,7 @@ def _plan(table: dict, test: str, pts_test, rates: Rates) -> list[Work]:
     """A PTS test: its preconditioning, then its points in rounds, at least the five of the
     steady-state window (write saturation: until wsat_multiple x the region is written in
     4 KiB random writes)."""
-    if test != "test_pts":
+    if not declares(TESTS, test):
         return []
     size = table["size"]
     wipc = table["precondition_passes"] * (size // WIPC_BS * WIPC_BS)
@@ -450,7 +453,15 @@ def _plan(table: dict, test: str, pts_test, rates: Rates) -> list[Work]:
                        longest=table["max_rounds"] * table["runtime"] * len(points))]
 
 
+TESTS = (SuiteTest("pts", "SNIA PTS", "One PTS test: purge, precondition, rounds to steady "
+                   "state, the window's means (write saturation: until 4x the region is "
+                   "written).", each=lambda table: list(table["tests"]),
+                   run=lambda target, table, test, *, seed, progress: run_test(
+                       target, table, test, seed=seed, progress=progress)),)
+
+
 FAMILY = Family(name=NAME, description="SNIA PTS: purge, precondition, IOPS, throughput, "
                                        "latency and write saturation to steady state",
                 fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan,
+                tests=TESTS,
                 fit=lambda table, room, need: {"size": room >> 20 << 20})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from qual.workloads.base import FIT_MARGIN
-from qual.family import Family, Flags, Rates, SuiteTest, Work, shares_the_run
+from qual.family import Family, Flags, Rates, SuiteTest, Work, declares
 from qual.workloads.training import configs
 from qual.workloads.training.spec import (FIELDS, METRICS, NAME, cells, check_table, explain,
                                           workload_of)
@@ -57,7 +57,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     """The suite's tests share one sweep (its module's `outcome`, run `repeats` times over the
     dataset written once): per accelerator count a calibration epoch without storage and each epochs value, every
     epoch as long as its compute or its reads, whichever is longer."""
-    if not shares_the_run(TESTS, test):
+    if not declares(TESTS, test):
         return []
     w = workload_of(table)
     data = w.files * w.file_bytes

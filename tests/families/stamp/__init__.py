@@ -15,7 +15,7 @@ from pathlib import Path
 from qual import charts
 from qual.errors import TargetUnavailable
 from qual.family import (Family, Field, Outcome, Rates, SuiteTest, Work, in_section,
-                         shares_the_run)
+                         declares)
 from qual.measurement import Measurement, Metric, Param, measure, measurement_id
 from qual.targets.scratch import fsync_dir, own_folder, remove_made
 
@@ -53,7 +53,7 @@ TESTS = (
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     """The suite's tests share one run: `count` writes of a block, each with its flush."""
-    if not shares_the_run(TESTS, test):
+    if not declares(TESTS, test):
         return []
     written = table["count"] * table["block_size"]
     return [Work("stamp run", written / rates.write_bw + table["count"] * 1e-3,
