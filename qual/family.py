@@ -165,26 +165,30 @@ class SuiteTest:
     """A test a family declares: the plugin makes it in the family's suite (`test_<name>`,
     after the suite's own functions). Most record one `section` of the family's shared run
     (the suite's `outcome`: the whole run, `repeats` times over; None: all of it) and attach
-    those of the outcome's charts named in `charts` that the run drew; one with `each` runs
-    once for each value its table gives instead. `skip(table)` says why it does not run with
-    a profile's table (None: it runs)."""
+    those of the outcome's charts named in `charts` that the run drew; one with `run` is a run
+    of its own instead (for each value its table gives, with `each`), and one with `summary`
+    charts what its family measured before it. `skip(table)` says why it does not run with a
+    profile's table (None: it runs)."""
 
     name: str
     feature: str  # its Allure feature
     description: str
     section: str | None = None
-    charts: tuple[str, ...] = ()
+    charts: tuple[str, ...] | None = ()  # None: every chart the outcome drew
     skip: Callable[[dict], str | None] | None = None
-    # a test that is a run of its own for each value a table gives (a PTS test, an integrity
-    # order), not a section of the shared run: `each(table)` the values, `label(value)` each
-    # one's test id, `run(target, table, value, seed=, progress=)` its Outcome (recorded whole,
-    # its charts and texts attached, its lines printed); `repeated`: measured `repeats` times,
-    # interleaved (ids ending -rN); `destructive(value)`: it writes
+    # a test that is a run of its own (`run(target, table, value, seed=, progress=)`: its
+    # Outcome, recorded whole, its texts attached, its lines printed), not a section of the
+    # shared run: for each value `each(table)` gives (a PTS test, an integrity order, a matrix
+    # cell; `label(value)` its id), or once (value None); `repeated`: measured `repeats`
+    # times, interleaved (ids ending -rN); `destructive(value)`: it writes
+    run: Callable[..., Outcome] | None = None
     each: Callable[[dict], list] | None = None
     label: Callable[[object], str] = str
-    run: Callable[..., Outcome] | None = None
     repeated: bool = False
     destructive: Callable[[object], bool] = field(default=lambda value: False)
+    # a test over every final measurement of its family this process made (a chart of the
+    # whole matrix): `summary(measurements as dicts)` its charts, or why there are none
+    summary: Callable[[list[dict]], dict[str, bytes] | str] | None = None
 
     @property
     def id(self) -> str:

@@ -100,7 +100,7 @@ def pytest_generate_tests(metafunc):
     """A family's declared test that runs for each value of its table gets its values; with
     several --qual-target, every test that touches a drive runs once per drive."""
     declared = getattr(metafunc.function, "qual_declared", None)
-    if declared is not None and declared.each is not None:
+    if declared is not None and declared.run is not None:
         _parametrize_each(metafunc, declared)
     specs = qual_session(metafunc.config).target_specs
     if "target" in metafunc.fixturenames and len(specs) > 1:
@@ -141,7 +141,9 @@ def pytest_collectstart(collector):
     family = session.families.get(session.family_of(collector) or "")
     for declared in (family.tests if family else ()):
         if not hasattr(module, declared.id):  # a suite may write one of its own
-            made = (_each_test if declared.each else _declared_test)(declared, module.__name__)
+            kind = _each_test if declared.run else _summary_test if declared.summary \
+                else _declared_test
+            made = kind(declared, module.__name__)
             made.qual_declared = declared  # for pytest_generate_tests: its values
             setattr(module, declared.id, made)
     watchers = session.watchers_of(session.family_of(collector))
@@ -159,10 +161,7 @@ def _declared_test(declared, module: str):
         if why:
             pytest.skip(why)
         record.add(outcome.measurements(declared.section))
-        drawn = outcome.charts() if declared.charts else {}
-        for title in declared.charts:
-            if title in drawn:
-                record.attach(title, drawn[title])
+        _attach_charts(record, outcome, declared.charts)
     test.__name__ = test.__qualname__ = declared.id
     test.__module__ = module
     test.__doc__ = declared.description
@@ -182,7 +181,33 @@ def _each_test(declared, module: str):
             print(line)
         for title, text in outcome.texts().items():
             record.attach(title, text, kind="text")
-        record.outcome(outcome)
+        record.add(outcome.measurements())
+        _attach_charts(record, outcome, declared.charts)
+    test.__name__ = test.__qualname__ = declared.id
+    test.__module__ = module
+    test.__doc__ = declared.description
+    return allure.feature(declared.feature)(test)
+
+
+def _attach_charts(record, outcome, titles) -> None:
+    """The outcome's charts of these titles that it drew (None: all it drew; (): none)."""
+    drawn = outcome.charts() if titles is None or titles else {}
+    for title, png in drawn.items():
+        if titles is None or title in titles:
+            record.attach(title, png)
+
+
+def _summary_test(declared, module: str):
+    """The test a family declares over what it measured before it in this process
+    (SuiteTest.summary): its charts, or a skip saying why there are none."""
+    def test(session_measurements, record):
+        family = qual_session(record.item.config).family_of(record.item)
+        mine = [m.as_dict() for m in session_measurements if m.family == family and m.final]
+        drawn = declared.summary(mine)
+        if isinstance(drawn, str):
+            pytest.skip(drawn)
+        for title, png in drawn.items():
+            record.attach(title, png)
     test.__name__ = test.__qualname__ = declared.id
     test.__module__ = module
     test.__doc__ = declared.description
@@ -192,8 +217,15 @@ def _each_test(declared, module: str):
 def _parametrize_each(metafunc, declared) -> None:
     """A declared test's values under this profile, one test each (ids from its labels), each
     repeated `repeats` times and interleaved where it is `repeated`; a value that writes is
-    marked destructive."""
+    marked destructive. One that runs once is parametrized by its repetitions alone (ids
+    r1 … rN)."""
     session = qual_session(metafunc.config)
+    if declared.each is None:
+        if declared.repeated and session.repeats > 1:
+            params, ids = session.repetitions(["once"])
+            metafunc.parametrize("repetition", [rep for rep, _ in params],
+                                 ids=[i.removeprefix("once-") for i in ids])
+        return
     table = session.profile.table(session.family_of(metafunc.definition))
     values = {declared.label(v): v for v in (declared.each(table) if table else [])}
 
@@ -271,6 +303,12 @@ def table(request, profile) -> dict:
     if found is None:
         pytest.skip(f"profile {profile.name} has no [{family}] table")
     return found
+
+
+@pytest.fixture
+def qual_value():
+    """The value a family's declared test runs for (SuiteTest.each); None where it runs once."""
+    return None
 
 
 @pytest.fixture

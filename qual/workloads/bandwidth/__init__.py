@@ -10,7 +10,7 @@ from qual.engine import IoResult
 from qual.measurement import Measurement, Metric, Param, format_block, measure, measurement_id
 from qual.targets import Target
 from qual.workloads.base import backend_field
-from qual.family import Family, Field, Outcome, Rates, Work
+from qual.family import Family, Field, Outcome, Rates, SuiteTest, Work
 from qual.workloads.bandwidth import charts
 
 NAME = "bandwidth"
@@ -323,13 +323,41 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None,
 CHART_CPU_S = 0.5  # matplotlib imported and the heatmaps drawn, on qual's reference host
 
 
+def _heatmaps(found: list[dict]) -> dict[str, bytes] | str:
+    """The matrix as heatmaps, from every cell this process measured (or why none)."""
+    if not any(m["metric"].endswith("_bw") for m in found):
+        return "no bandwidth cell ran in this process"
+    return {"bandwidth heatmap": charts.heatmaps(found, "bandwidth matrix (GiB/s)")}
+
+
+CELL = SuiteTest(
+    "cell", "bandwidth matrix", "One cell of the matrix: bandwidth and IOPS for a pattern, block "
+    "size and depth (a write cell in rounds until steady state where the profile asks for it); "
+    "the last repetition judges the median of every repetition.",
+    run=lambda target, table, cell, *, seed, progress: run(
+        target, table, seed=seed, progress=progress, cells=[cell], latency=False),
+    each=matrix, label=lambda cell: cell.label, repeated=True,
+    destructive=lambda cell: cell.op == "write")
+LATENCY = SuiteTest(
+    "latency", "latency QoS", "Random-read completion latency percentiles at the profile's block "
+    "size and depth.",
+    run=lambda target, table, _value, *, seed, progress: run(target, table, seed=seed,
+                                                              cells=[]),
+    repeated=True, charts=None,
+    skip=lambda table: None if "latency" in table else
+    "profile has no [bandwidth.latency] table")
+CHARTS = SuiteTest("charts", "charts", "The matrix as heatmaps (block size x depth -> GiB/s), "
+                   "one per pattern.", summary=_heatmaps)
+TESTS = (CELL, LATENCY, CHARTS)
+
+
 def _plan(table: dict, test: str, cell, rates: Rates) -> list[Work]:
     """What a test of the suite does: a cell runs for the runtime (a steady-state write cell
     at least its five-round window, after the region's preconditioning, once); the latency
     test for its runtime or its samples."""
     size = table["size"]
     region = Work(f"region {size}", 0.0, space=size, what=f"the bandwidth region ({NAME}.size)")
-    if test == "test_cell":
+    if test == CELL.id:
         ss = table.get("steady_state")
         rounds = steady.WINDOW if cell.op == "write" and ss else 1
         seconds = rounds * table["runtime"]
@@ -341,13 +369,13 @@ def _plan(table: dict, test: str, cell, rates: Rates) -> list[Work]:
             wipc = ss["precondition_passes"] * size
             out.append(Work(f"precondition {size}", wipc / rates.write_bw, bytes_written=wipc))
         return out
-    if test == "test_latency" and table.get("latency"):
+    if test == LATENCY.id and table.get("latency"):
         lat = table["latency"]
         seconds = lat["runtime"] if not lat.get("samples") else \
             min(lat["runtime"], lat["samples"] / (rates.iops_4k / 8))
         return [region, Work("latency", seconds, repeated=True, bytes_read=rates.moved(
             "read", lat["block_size"], lat["depth"], seconds))]
-    if test == "test_charts":
+    if test == CHARTS.id:
         return [Work("charts", CHART_CPU_S * rates.cpu)]
     return []
 
@@ -384,4 +412,4 @@ def _feasible(profile, criterion, link) -> list[str]:
 
 FAMILY = Family(name=NAME, description="gdsio-style bandwidth matrix and random-read latency QoS",
                 fields=FIELDS, metrics=METRICS, check=_check, cells=_cells, run=run, plan=_plan,
-                fit=_fit, feasible=_feasible)
+                fit=_fit, feasible=_feasible, tests=TESTS)

@@ -455,7 +455,7 @@ def _plan(table: dict, test: str, pts_test, rates: Rates) -> list[Work]:
 
 TESTS = (SuiteTest("pts", "SNIA PTS", "One PTS test: purge, precondition, rounds to steady "
                    "state, the window's means (write saturation: until 4x the region is "
-                   "written).", each=lambda table: list(table["tests"]),
+                   "written).", each=lambda table: list(table["tests"]), charts=None,
                    run=lambda target, table, test, *, seed, progress: run_test(
                        target, table, test, seed=seed, progress=progress)),)
 
