@@ -4,6 +4,8 @@ most once every 10 s (one line rewritten in place on a terminal)."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from collections.abc import Callable
 
@@ -88,3 +90,53 @@ class Inner:
         elif self.held is not None:
             self.write(self.held)
         self.last, self.held, self.open = float("-inf"), None, False
+
+
+class Console:
+    """What qual says to the person running it, past pytest's capture: whole lines (`say`; a
+    worker's to its stderr, naming the worker), and a family's progress through `Inner`
+    (`progress`; -q silences it), one line in place on a terminal."""
+
+    def __init__(self, config, worker: str | None):
+        self.config, self.worker = config, worker
+        self.inner: Inner | None = None
+
+    def progress(self, message: str, done: float | None = None) -> None:
+        """A family's progress (Inner: at most a line every 10 s, one line in place on a
+        terminal); -q silences it."""
+        if self.config.option.verbose < 0:
+            return
+        if self.inner is None:
+            tr = self.config.pluginmanager.get_plugin("terminalreporter")
+            terminal = self.worker is None and tr is not None and tr.isatty
+            self.inner = Inner(lambda m: self.say(f"  {m}"),
+                               (lambda m: self._rewrite(tr, f"  {m}")) if terminal else None)
+        self.inner(message)
+
+    def test_ended(self) -> None:
+        """A test ended: a family's line in place is finished, or its last held line shown."""
+        if self.inner is not None:
+            self.inner.close()
+
+    def say(self, line: str) -> None:
+        """A line for the person running qual, past pytest's capture; a worker's goes to its
+        stderr (the controller's), whole lines naming the worker."""
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        with self.uncaptured():
+            if self.worker is None and tr is not None:
+                if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):
+                    tr.write("\n")  # after -q's result letters, which name no file
+                tr.write_line(line)
+            else:
+                print(f"[{self.worker}] {line.strip()}", file=sys.__stderr__, flush=True)
+
+    def _rewrite(self, tr, line: str) -> None:
+        with self.uncaptured():
+            if not self.inner.open:
+                tr.ensure_newline()  # pytest starts its own next line after ours
+            tr.rewrite(line, erase=True)
+
+    def uncaptured(self):
+        """pytest's capture set aside, for what a person must see now."""
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        return capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()

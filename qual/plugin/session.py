@@ -22,7 +22,7 @@ from qual.targets.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, er
                                    private_mounts)
 from qual.exits import Exit
 from qual.plugin.journal import JOURNAL_NAME, Journal
-from qual.plugin.progress import Eta, Inner
+from qual.plugin.progress import Console, Eta
 from qual.plugin.recorder import Judging, PAYLOAD, Recorder
 from qual.record import (Baseline, drive_model, qual_version, RECORD_NAME, RunRecord, summarize,
                          TestResult, write_record)
@@ -124,7 +124,8 @@ class QualSession:
         self.refused: str | None = None
         self.deselected: list = []  # by -k/-m: their families' criteria are `not selected`
         self.eta = Eta()
-        self.inner: Inner | None = None
+        self.console = Console(config, self.worker)
+        self.progress, self.say = self.console.progress, self.console.say
         self.distributed = bool(getattr(opt, "numprocesses", None))
         self._held: set[str] = set()
         self._filesystems: dict[str, QualFilesystem] = {}
@@ -274,40 +275,6 @@ class QualSession:
         spec = self.spec_of(item)
         store = self.measurements.setdefault(spec, [])
         return Recorder(item, self.judging(spec), store.extend, earlier=store)
-
-    def progress(self, message: str, done: float | None = None) -> None:
-        """A family's progress (qual.plugin.progress.Inner: at most a line every 10 s, one
-        line in place on a terminal); -q silences it."""
-        if self.config.option.verbose < 0:
-            return
-        if self.inner is None:
-            tr = self.config.pluginmanager.get_plugin("terminalreporter")
-            terminal = self.worker is None and tr is not None and tr.isatty
-            self.inner = Inner(lambda m: self.say(f"  {m}"),
-                               (lambda m: self._rewrite(tr, f"  {m}")) if terminal else None)
-        self.inner(message)
-
-    def say(self, line: str) -> None:
-        """A line for the person running qual, past pytest's capture; a worker's goes to its
-        stderr (the controller's), whole lines naming the worker."""
-        tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        with self._uncaptured():
-            if self.worker is None and tr is not None:
-                if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):
-                    tr.write("\n")  # after -q's result letters, which name no file
-                tr.write_line(line)
-            else:
-                print(f"[{self.worker}] {line.strip()}", file=sys.__stderr__, flush=True)
-
-    def _rewrite(self, tr, line: str) -> None:
-        with self._uncaptured():
-            if not self.inner.open:
-                tr.ensure_newline()  # pytest starts its own next line after ours
-            tr.rewrite(line, erase=True)
-
-    def _uncaptured(self):
-        capture = self.config.pluginmanager.get_plugin("capturemanager")
-        return capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
 
     def pytest_runtest_logstart(self, nodeid, location):
         """`[i/N] test  elapsed …, ETA …` as each test starts (under xdist, as each ends)."""
@@ -543,8 +510,7 @@ class QualSession:
             lines += report.summary_lines(record)
             lines.append(f"verdict: {record['summary']['verdict']}    run record: {path}")
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        capture = self.config.pluginmanager.get_plugin("capturemanager")
-        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        with self.console.uncaptured():
             for line in ["", *lines]:
                 if tr is not None:
                     tr.write_line(line, red=line.startswith("qual: Stalled"))
@@ -598,8 +564,8 @@ class QualSession:
 
     @pytest.hookimpl(tryfirst=True)  # a family's line in place ends before pytest's result
     def pytest_runtest_logreport(self, report):
-        if self.inner is not None and report.when in ("call", "teardown"):
-            self.inner.close()
+        if report.when in ("call", "teardown"):
+            self.console.test_ended()
         if not self.controller:
             return
         props = dict(report.user_properties)
