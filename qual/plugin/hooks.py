@@ -160,12 +160,8 @@ def _declared_test(declared, module: str):
         why = declared.skip(table) if declared.skip else None
         if why:
             pytest.skip(why)
-        record.add(outcome.measurements(declared.section))
-        _attach_charts(record, outcome, declared.charts)
-    test.__name__ = test.__qualname__ = declared.id
-    test.__module__ = module
-    test.__doc__ = declared.description
-    return allure.feature(declared.feature)(test)
+        record.outcome(outcome, section=declared.section, charts=declared.charts)
+    return _as_declared(test, declared, module)
 
 
 def _each_test(declared, module: str):
@@ -179,22 +175,8 @@ def _each_test(declared, module: str):
         outcome = declared.run(target, table, qual_value, seed=record.seed, progress=progress)
         for line in outcome.lines():
             print(line)
-        for title, text in outcome.texts().items():
-            record.attach(title, text, kind="text")
-        record.add(outcome.measurements())
-        _attach_charts(record, outcome, declared.charts)
-    test.__name__ = test.__qualname__ = declared.id
-    test.__module__ = module
-    test.__doc__ = declared.description
-    return allure.feature(declared.feature)(test)
-
-
-def _attach_charts(record, outcome, titles) -> None:
-    """The outcome's charts of these titles that it drew (None: all it drew; (): none)."""
-    drawn = outcome.charts() if titles is None or titles else {}
-    for title, png in drawn.items():
-        if titles is None or title in titles:
-            record.attach(title, png)
+        record.outcome(outcome, charts=declared.charts)
+    return _as_declared(test, declared, module)
 
 
 def _summary_test(declared, module: str):
@@ -208,10 +190,20 @@ def _summary_test(declared, module: str):
             pytest.skip(drawn)
         for title, png in drawn.items():
             record.attach(title, png)
-    test.__name__ = test.__qualname__ = declared.id
+    return _as_declared(test, declared, module)
+
+
+def _as_declared(test, declared, module: str):
+    return _named(test, declared.id, module, declared.description, declared.feature)
+
+
+def _named(test, name: str, module: str, doc: str, feature: str):
+    """A test the plugin made, as pytest and Allure see it: its name, module, docstring and
+    feature."""
+    test.__name__ = test.__qualname__ = name
     test.__module__ = module
-    test.__doc__ = declared.description
-    return allure.feature(declared.feature)(test)
+    test.__doc__ = doc
+    return allure.feature(feature)(test)
 
 
 def _parametrize_each(metafunc, declared) -> None:
@@ -249,10 +241,9 @@ def _watch_test(watcher, module: str):
         record.add(watch.measurements())
         for title, png in watch.charts().items():
             record.attach(title, png)
-    test.__name__ = test.__qualname__ = f"test_{watcher.name}"
-    test.__module__ = module
-    test.__doc__ = f"{watcher.description}: what it saw while this suite ran."
-    return allure.feature(watcher.description)(test)
+    return _named(test, f"test_{watcher.name}", module,
+                  f"{watcher.description}: what it saw while this suite ran.",
+                  watcher.description)
 
 
 @pytest.fixture(scope="module")

@@ -75,11 +75,17 @@ class Recorder:
         self.measurements.extend(measurements)
         self._collect(measurements)
 
-    def outcome(self, outcome: Outcome, *, charts: bool = True) -> None:
-        """A family's outcome: its measurements, and its charts attached to the report."""
-        self.add(outcome.measurements())
-        if charts:
-            for title, png in outcome.charts().items():
+    def outcome(self, outcome: Outcome, *, section: str | None = None,
+                charts: tuple[str, ...] | None = None) -> None:
+        """A family's outcome: its measurements (or one section of them), its texts, and
+        those of its charts named in `charts` that it drew (None: all it drew; (): none)
+        attached to the report."""
+        self.add(outcome.measurements(section) if section else outcome.measurements())
+        for title, text in outcome.texts().items():
+            self.attach(title, text, kind="text")
+        drawn = outcome.charts() if charts is None or charts else {}
+        for title, png in drawn.items():
+            if charts is None or title in charts:
                 self.attach(title, png)
 
     def attach(self, name: str, body, kind: str = "png") -> None:

@@ -56,6 +56,9 @@ class Repeated(Outcome):
     def charts(self) -> dict[str, bytes]:
         return self.last.charts()
 
+    def texts(self) -> dict[str, str]:
+        return self.last.texts()
+
     def exit_status(self) -> int:
         return max(o.exit_status() for o in self.outcomes)
 
