@@ -34,7 +34,7 @@ def native(target: Target, size: int, seed: int) -> dict:
         "model": "llama3.1-8b", "recipe": "mixed-adam", "scale": size / params, "passes": 1,
         "per_pass": 1, "retention": 1, "restore": True, "baseline": True,
         "baseline_bytes": 2 * size, "pool": 2 * size, "chunk_size": "8 MiB", "queue_depth": 8})
-    r = checkpoint.run(target, table, seed=seed)
+    r = checkpoint.run(target, table, seed=seed).result
     c, rs, t = r["checkpoints"][0], r["restore"], r["torch"]
     assert rs["intact"] and t["round_trip_equal"], "a round trip changed the data"
     cold = t["load_device"]["read_bytes"] / t["file_bytes"] if t["load_device"] else None

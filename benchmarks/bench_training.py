@@ -35,7 +35,7 @@ def qual_round(target: Target, table: dict, seed: int) -> dict:
     cpu = cpu_s()
     result = training.run(target, table, seed=seed)
     cpu = cpu_s() - cpu
-    (r,) = result["runs"]
+    (r,) = result.result["runs"]
     return {"bw": r["bw_bytes"], "bytes": r["bytes"], "backend": r["backend"],
             "cpu_per_gib": cpu / (r["bytes"] / GIB),
             "device_share": r["device_read_bytes"] / r["bytes"]

@@ -64,10 +64,9 @@ def check_device(seen: dict | None, key: str, moved: int, what: str, target: str
             "device_utilisation": seen.get("utilisation")}
 
 
-def unproven(context: dict) -> str | None:
-    """Why a measurement's claim on the device is not proven by the device's own counters
-    (None: proven, or the measurement makes no claim on the device)."""
-    truth = context.get("device_truth")
+def unproven(truth: str | None) -> str | None:
+    """Why a measurement's claim on the device (its `device_truth`) is not proven by the
+    device's own counters (None: proven, or the measurement makes no claim on the device)."""
     return None if truth in (None, COUNTED) else truth
 
 

@@ -53,7 +53,7 @@ def judge(measurements: list[Measurement], profile: Profile,
         if criteria and m.unverifiable:  # no profile setting can excuse these
             out.unverified += [f"{c.id}: not judged, {m.unverifiable}" for c in criteria]
             continue
-        missing = unproven(m.context)
+        missing = unproven(m.device_truth)
         if criteria and missing:
             if profile.device_truth != "optional":
                 out.unverified += [f"{c.id}: not judged, device truth {missing}; the profile "

@@ -76,6 +76,10 @@ BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
 # record's `context` as before (so that records and baselines keep one schema)
 JUDGED = ("caveats", "ceiling", "unverifiable", "unresolved")
 SPREAD = ("interval", "interval_confidence", "repetitions")
+# what a family's context says that the core reads, typed by `measure` (the family writes them
+# as honesty's checks return them; the record keeps them in `context`): the I/O backend that
+# moved the bytes, and whether the device's own counters proved them (honesty.COUNTED) or why not
+SAID = ("backend", "device_truth")
 
 
 @dataclass
@@ -86,9 +90,10 @@ class Measurement:
     interval drawn from `spread_from` values (repetitions, validation batches; 0: it claims
     none, 1: one value, its spread unknown), `ceiling` the most the measuring setup itself can
     show (a criterion above it cannot judge the drive), `unverifiable` why no profile may judge
-    it at all, `unresolved` why its samples cannot support it (a p99.99 of 4,000 completions).
-    `context` holds everything else, for people and the report: the core reads no key of it
-    but the recorder's own `repetition`."""
+    it at all, `unresolved` why its samples cannot support it (a p99.99 of 4,000 completions),
+    `backend` the I/O backend that moved its bytes, `device_truth` whether the device's own
+    counters proved them. `context` holds everything else, for people and the report: the core
+    reads no key of it but the recorder's own `repetition`."""
 
     id: str
     family: str
@@ -111,14 +116,16 @@ class Measurement:
     ceiling: float | None = None
     unverifiable: str | None = None
     unresolved: str | None = None  # why the samples cannot support the value (resolved False)
+    backend: str | None = None
+    device_truth: str | None = None
 
     def as_dict(self) -> dict:
         out = asdict(self)
         if isinstance(self.samples, dict):
             out["samples"] = {str(k): v for k, v in self.samples.items()}
-        typed = {k: out.pop(k) for k in (*JUDGED, *SPREAD, "spread_from")}
+        typed = {k: out.pop(k) for k in (*JUDGED, *SPREAD, *SAID, "spread_from")}
         context = out["context"]
-        context.update({k: typed[k] for k in JUDGED if typed[k]})
+        context.update({k: typed[k] for k in (*JUDGED, *SAID) if typed[k]})
         if self.spread_from:
             context.update({k: typed[k] for k in SPREAD if typed[k] is not None or
                             k == "interval"})
@@ -135,10 +142,12 @@ class Measurement:
     @classmethod
     def from_dict(cls, d: dict) -> Measurement:
         """A measurement a record or journal kept (as_dict), for what reads it back in a run:
-        the judge of a later repetition, the charts. Its typed fields stay in `context`."""
+        the judge of a later repetition, the charts, the record's backends. Its judged fields
+        stay in `context`."""
+        context = dict(d.get("context", {}))
         return cls(id=d["id"], family=d["family"], metric=d["metric"], params=d["params"],
                    value=d["value"], unit=d["unit"], dimension=d["dimension"],
-                   better=d["better"], context=dict(d.get("context", {})),
+                   better=d["better"], context=context, **_said(context),
                    samples={int(k): v for k, v in d["samples"].items()}
                    if isinstance(d.get("samples"), dict) else d.get("samples"),
                    resolved=d.get("resolved", True),
@@ -152,16 +161,24 @@ def is_final(context: dict) -> bool:
     return r is None or r[0] == r[1]
 
 
+def _said(context: dict) -> dict:
+    """The SAID keys of a context, taken out of it as typed fields."""
+    return {k: context.pop(k) for k in SAID if k in context}
+
+
 def measure(family: str, metric: Metric, params: dict, value: float, *,
             context: dict | None = None, samples: object = None, unresolved: str | None = None,
             comparable: bool = True, caveats: list[str] | tuple[str, ...] = (),
             interval: list[float] | None = None, spread_from: int = 0,
             interval_confidence: float = 0.95, ceiling: float | None = None,
             unverifiable: str | None = None) -> Measurement:
+    """A family's measurement: `context` is what the family says of it (its SAID keys become
+    typed fields)."""
+    context = dict(context or {})
     return Measurement(id=measurement_id(metric, params), family=family, metric=metric.name,
                        params=dict(params), value=float(value),
                        unit=BASE_UNIT[metric.dimension], dimension=metric.dimension,
-                       better=metric.better, context=dict(context or {}), samples=samples,
+                       better=metric.better, context=context, **_said(context), samples=samples,
                        resolved=unresolved is None,
                        comparable=unresolved is None and comparable, unresolved=unresolved,
                        caveats=list(caveats), interval=list(interval) if interval else None,

@@ -295,34 +295,34 @@ def test_a_folder_qual_did_not_make_is_left_alone(tmp_path):
 
 
 def test_two_ranks_write_restore_and_keep_the_newest(tmp_path):
-    result = checkpoint.run(Target(tmp_path), tiny(passes=2, per_pass=2, retention=1,
+    outcome = checkpoint.run(Target(tmp_path), tiny(passes=2, per_pass=2, retention=1,
                                                    restore=True, baseline=True,
                                                    baseline_bytes="2 MiB"))
-    assert result["world"] == 2 and len(result["checkpoints"]) == 4
-    assert [c["pass"] for c in result["checkpoints"]] == [1, 1, 2, 2]
-    assert result["kept"] == ["ckpt-000004"]
-    restore = result["restore"]
+    assert outcome.result["world"] == 2 and len(outcome.result["checkpoints"]) == 4
+    assert [c["pass"] for c in outcome.result["checkpoints"]] == [1, 1, 2, 2]
+    assert outcome.result["kept"] == ["ckpt-000004"]
+    restore = outcome.result["restore"]
     assert restore["intact"] and restore["errors"] == [] and restore["path"].endswith("ckpt-000004")
-    assert restore["verified_bytes"] == restore["bytes"] == result["plan"]["bytes"]
-    assert result["torch"]["round_trip_equal"]
-    assert "intact: True (CRC32C of every chunk" in "\n".join(result.lines())
-    doc = result.document()  # which path each byte took is recorded
-    assert all(0 <= z <= result["plan"]["bytes"] for z in doc["zero_copy_bytes"])
+    assert restore["verified_bytes"] == restore["bytes"] == outcome.result["plan"]["bytes"]
+    assert outcome.result["torch"]["round_trip_equal"]
+    assert "intact: True (CRC32C of every chunk" in "\n".join(outcome.lines())
+    doc = outcome.document()  # which path each byte took is recorded
+    assert all(0 <= z <= outcome.result["plan"]["bytes"] for z in doc["zero_copy_bytes"])
     manifest = json.loads((tmp_path / "qual-checkpoints" / "ckpt-000004" / MANIFEST).read_text())
     assert [r["rank"] for r in manifest["ranks"]] == [0, 1]
-    assert sum(len(r["tensors"]) for r in manifest["ranks"]) == result["plan"]["tensors"]
-    measurements = (checkpoint.pass_measurements(result, "t") +
-                    checkpoint.restore_measurements(result, "t") +
-                    checkpoint.baseline_measurements(result, "t"))
+    assert sum(len(r["tensors"]) for r in manifest["ranks"]) == outcome.result["plan"]["tensors"]
+    measurements = (checkpoint.pass_measurements(outcome.result, "t") +
+                    checkpoint.restore_measurements(outcome.result, "t") +
+                    checkpoint.baseline_measurements(outcome.result, "t"))
     ids = {m.id for m in measurements}
     assert {"ckpt_write_s[pass=1]", "ckpt_write_bw[pass=2]", "ckpt_each_s[pass=2,index=2]",
             "ckpt_restore_intact", "torch_save_bw", "ckpt_save_speedup"} <= ids
 
 
 def test_four_rank_processes(tmp_path):
-    result = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, restore=True))
-    assert result["world"] == 4 and result["restore"]["intact"]
-    assert len(result["checkpoints"][0]["rank_seconds"]) == 4
+    outcome = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, restore=True))
+    assert outcome.result["world"] == 4 and outcome.result["restore"]["intact"]
+    assert len(outcome.result["checkpoints"][0]["rank_seconds"]) == 4
 
 
 def test_tensors_in_the_page_aligned_pool_move_without_a_copy(tmp_path):
@@ -330,18 +330,18 @@ def test_tensors_in_the_page_aligned_pool_move_without_a_copy(tmp_path):
     destination directly, also when tensors share the pool. This plan's tensors average ~19 KB
     at 64-byte offsets, so about half of its 4 KiB chunks straddle two (those are staged)."""
     for pool in ("1 GiB", "1 MiB"):
-        result = checkpoint.run(Target(tmp_path), tiny(restore=True, chunk_size="4 KiB",
+        outcome = checkpoint.run(Target(tmp_path), tiny(restore=True, chunk_size="4 KiB",
                                                        pool=pool, retention=1))
-        doc, size = result.document(), result["plan"]["bytes"]
+        doc, size = outcome.document(), outcome.result["plan"]["bytes"]
         assert doc["zero_copy_bytes"][0] > 0.4 * size, pool
         assert doc["restore_zero_copy_bytes"] == doc["zero_copy_bytes"][0]
-        assert result["restore"]["intact"]
+        assert outcome.result["restore"]["intact"]
 
 
 def test_a_rank_larger_than_its_pool_says_how_much_was_compared_byte_for_byte(tmp_path):
-    result = checkpoint.run(Target(tmp_path), tiny(restore=True, pool="1 MiB"))
-    restore, doc = result["restore"], result.document()
-    assert restore["intact"] and doc["crc_checked_bytes"] == result["plan"]["bytes"]
+    outcome = checkpoint.run(Target(tmp_path), tiny(restore=True, pool="1 MiB"))
+    restore, doc = outcome.result["restore"], outcome.document()
+    assert restore["intact"] and doc["crc_checked_bytes"] == outcome.result["plan"]["bytes"]
     assert 0 < doc["byte_compared_bytes"] <= 2 * (1 << 20) < doc["crc_checked_bytes"]
 
 
@@ -354,12 +354,12 @@ def test_a_flipped_byte_in_a_data_file_is_caught_on_restore(tmp_path):
         b = f.read(1)
         f.seek(100_000)
         f.write(bytes([b[0] ^ 1]))
-    result = checkpoint.run(target, tiny(restore=True), passes=0)
-    restore = result["restore"]
+    outcome = checkpoint.run(target, tiny(restore=True), passes=0)
+    restore = outcome.result["restore"]
     assert not restore["intact"]
     (error,) = restore["errors"]
     assert error.startswith("rank 1:") and "fail their CRC32C" in error
-    (intact,) = checkpoint.restore_measurements(result, "t")[:1]
+    (intact,) = checkpoint.restore_measurements(outcome.result, "t")[:1]
     assert intact.value == 0.0
 
 
@@ -383,7 +383,7 @@ def test_restore_compares_every_byte_not_only_the_crcs(tmp_path):
         {k: v for k, v in manifest.items() if k != "crc32c"}, sort_keys=True,
         separators=(",", ":")).encode())
     (folder / MANIFEST).write_text(json.dumps(manifest))
-    restore = checkpoint.run(target, tiny(restore=True), passes=0)["restore"]
+    restore = checkpoint.run(target, tiny(restore=True), passes=0).result["restore"]
     assert not restore["intact"]
     assert restore["errors"] == ["rank 1: restored bytes differ from the bytes written"]
 
@@ -393,9 +393,9 @@ def test_a_corrupt_manifest_is_refused_on_restore(tmp_path):
     checkpoint.run(target, tiny())
     manifest = tmp_path / "qual-checkpoints" / "ckpt-000001" / MANIFEST
     manifest.write_bytes(manifest.read_bytes().replace(b'"rank": 1', b'"rank": 7'))
-    result = checkpoint.run(target, tiny(restore=True), passes=0)
-    assert not result["restore"]["intact"]
-    assert all("manifest is corrupt" in e for e in result["restore"]["errors"])
+    outcome = checkpoint.run(target, tiny(restore=True), passes=0)
+    assert not outcome.result["restore"]["intact"]
+    assert all("manifest is corrupt" in e for e in outcome.result["restore"]["errors"])
 
 
 @needs_root
@@ -411,8 +411,8 @@ def test_enospc_mid_checkpoint_leaves_the_earlier_ones_restorable(tmp_path, loop
     assert done and not [p for p in store.root.iterdir() if p.name.endswith(".partial")]
     for ckpt in done:  # every directory restore would accept is complete and intact
         load_set(ckpt)
-    result = checkpoint.run(target, tiny(restore=True), passes=0)
-    assert result["restore"]["intact"] and result["restore"]["path"] == str(done[-1])
+    outcome = checkpoint.run(target, tiny(restore=True), passes=0)
+    assert outcome.result["restore"]["intact"] and outcome.result["restore"]["path"] == str(done[-1])
 
 
 def test_a_rank_error_stops_every_rank(tmp_path):
@@ -501,10 +501,10 @@ def test_torchrun_launches_the_ranks(tmp_path):
 
 def test_subset_of_a_layout_on_this_host(tmp_path):
     """Like MLPerf Storage's subset mode: 2 of a 4-rank layout's ranks write here."""
-    result = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, ranks=2, restore=True))
-    assert result["world"] == 2 and result["restore"]["intact"]
-    assert result["checkpoints"][0]["bytes"] == sum(result["rank_bytes"])
-    assert result["checkpoints"][0]["device"] is None  # other ranks' bytes are not here
+    outcome = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, ranks=2, restore=True))
+    assert outcome.result["world"] == 2 and outcome.result["restore"]["intact"]
+    assert outcome.result["checkpoints"][0]["bytes"] == sum(outcome.result["rank_bytes"])
+    assert outcome.result["checkpoints"][0]["device"] is None  # other ranks' bytes are not here
 
 
 @pytest.mark.parametrize("fault, error", [
@@ -528,8 +528,8 @@ def test_a_failing_write_leaves_the_last_good_checkpoint_restorable(tmp_path, fa
     assert named >= 1 << 20 and named % (256 << 10) == 0  # a chunk the fault hit
     assert store.complete() == [good]
     assert not [p for p in store.root.iterdir() if p.name.endswith(".partial")]
-    result = checkpoint.run(target, tiny(restore=True), passes=0)
-    assert result["restore"]["intact"] and result["restore"]["path"] == str(good)
+    outcome = checkpoint.run(target, tiny(restore=True), passes=0)
+    assert outcome.result["restore"]["intact"] and outcome.result["restore"]["path"] == str(good)
 
 
 # ------------------------------------------------------------------ write and read phases apart
@@ -607,18 +607,18 @@ def test_the_mlperf_v2_procedure_reads_every_checkpoint_back_from_the_device(tmp
     """MLPerf Storage v2.0 on a loop-mounted ext4: 10 writes, the cache cleared, 10 reads,
     every read byte counted by the device; the figures under DLIO's summary names."""
     folder = loop_device.mount(loop_device(256 << 20))
-    result = checkpoint.run(Target(folder), tiny(procedure="mlperf-v2", per_pass=10, runs=1))
-    doc = result.document()
+    outcome = checkpoint.run(Target(folder), tiny(procedure="mlperf-v2", per_pass=10, runs=1))
+    doc = outcome.document()
     (run,) = doc["runs"]
     assert run["checkpoints_written"] == run["checkpoints_read"] == 10 and doc["verified"]
     assert run["read_bytes"] == 10 * doc["bytes"]
     assert run["device_read_bytes"] >= 0.95 * run["read_bytes"]  # not one served from cache
     assert doc["load_checkpoint_io_mean_GB_per_second"] > 0
-    found = {m.id: m for m in result.measurements()}
+    found = {m.id: m for m in outcome.measurements()}
     assert {"save_checkpoint_duration", "save_checkpoint_io", "load_checkpoint_duration",
             "load_checkpoint_io", "ckpt_restore_intact"} == found.keys()
     assert found["load_checkpoint_io"].context["runs"] == [run["load_checkpoint_io_mean_GB_per_second"]]
-    assert found["load_checkpoint_io"].context["device_truth"] == "counted"
+    assert found["load_checkpoint_io"].device_truth == "counted"
     assert found["ckpt_restore_intact"].value == 1.0
 
 
@@ -631,8 +631,8 @@ def test_subset_mode_writes_this_hosts_share_and_reads_it_back_from_the_device(t
     folder = loop_device.mount(loop_device(256 << 20))
     table = tiny(model="llama3.1-405b", tp=8, pp=32, dp=2, zero=1, subset=True,
                  procedure="mlperf-v2", per_pass=2, runs=1)
-    result = checkpoint.run(Target(folder), table)
-    doc = result.document()
+    outcome = checkpoint.run(Target(folder), table)
+    doc = outcome.document()
     assert doc["mode"] == "subset" and doc["ranks"] == 8 and doc["verified"]
     # each tensor rounds to whole elements: at this scale to within 0.1 %
     assert doc["bytes"] / doc["full_bytes"] == pytest.approx(8 / 512, rel=1e-3)
@@ -641,8 +641,8 @@ def test_subset_mode_writes_this_hosts_share_and_reads_it_back_from_the_device(t
     (run,) = doc["runs"]
     assert run["read_bytes"] == 2 * doc["bytes"]
     assert run["device_read_bytes"] >= 0.95 * run["read_bytes"]  # not one served from cache
-    found = {m.id: m for m in result.measurements()}
-    assert found["save_checkpoint_io"].context["device_truth"] == "counted"
+    found = {m.id: m for m in outcome.measurements()}
+    assert found["save_checkpoint_io"].device_truth == "counted"
     ckpt = Path(doc["store"]) / doc["kept"][-1]
     assert len(list(ckpt.glob("rank-*.bin"))) == 8
     again = checkpoint.run(Target(folder), tiny(read_only=str(ckpt))).document()

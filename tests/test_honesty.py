@@ -110,10 +110,10 @@ def test_checkpoint_writes_and_restores_must_reach_the_device():
     with pytest.raises(honesty.ImplausibleMeasurement, match="restore reads"):
         checkpoint.restore_measurements(_checkpoint_result(full, none), "t")
     proven = checkpoint.pass_measurements(_checkpoint_result(full, full), "t")
-    assert {m.context["device_truth"] for m in proven if m.metric != "ckpt_size"} == \
+    assert {m.device_truth for m in proven if m.metric != "ckpt_size"} == \
         {honesty.COUNTED}
     unknown = checkpoint.pass_measurements(_checkpoint_result(None, None), "t")
-    assert all(honesty.unproven(m.context) for m in unknown if m.metric == "ckpt_write_bw")
+    assert all(honesty.unproven(m.device_truth) for m in unknown if m.metric == "ckpt_write_bw")
 
 
 def test_training_reads_with_o_direct_must_reach_the_device(tmp_path):
@@ -202,4 +202,4 @@ def test_torch_load_is_from_the_device_only_when_the_device_counted_it(seen, fro
     load = next(m for m in checkpoint.baseline_measurements(result, "t")
                 if m.metric == "torch_load_bw")
     assert load.context["load_from_device"] is from_device
-    assert load.context["device_truth"].startswith(truth)
+    assert load.device_truth.startswith(truth)

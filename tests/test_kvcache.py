@@ -65,7 +65,7 @@ def test_a_fixed_user_run_moves_what_the_device_counts(tmp_path, loop_device):
     assert r["hits"] == {"cpu": 0, "drive": 4 * (1 + 2 + 3)}  # each turn reads its whole past
     found = {m.id: m for m in outcome.measurements()}
     assert found["kv_decode_bytes_read"].value == r["read"]
-    assert found["kv_decode_bytes_read"].context["device_truth"] == "counted"
+    assert found["kv_decode_bytes_read"].device_truth == "counted"
     kvcache.FAMILY.remove(Target(folder))
     assert not (folder / "qual-kvcache").exists()
 

@@ -126,16 +126,22 @@ def test_a_repeated_outcome_judges_the_median_of_whole_runs():
     from qual.measurement import repeated
     from qual.workloads.base import Repeated
 
-    class Run(dict):
+    class Run:
+        def __init__(self, v):
+            self.v = v
+
         def measurements(self):
-            return [_seq_read(self["v"], None)]
+            return [_seq_read(self.v, None)]
+
+        def document(self):
+            return {"v": self.v}
 
     # the last repetition is neither the median nor the first: judging either one fails
     runs = Repeated([Run(v=v) for v in (3.0, 2.0, 1.0)])
     (m,) = runs.measurements()
     assert m.value == 2.0 and m.repetitions == [3.0, 2.0, 1.0]
     assert m.interval == [1.0, 3.0] and m.context["single"] == 1.0
-    assert runs["v"] == 1.0  # everything else is the last repetition's
+    assert runs.document() == {"v": 1.0}  # everything else is the last repetition's
     (verdict,) = judge([m], load_profile(TINY_PROFILE, registry())).verdicts
     assert verdict.value == 2.0
     # a figure with its own interval (an accuracy's) keeps the widest of them

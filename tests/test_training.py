@@ -169,20 +169,20 @@ def test_seed_001_workload_demands_the_seeds_ceiling_per_accelerator():
 def test_calibration_reaches_the_ceiling(tmp_path):
     # 100 ms steps: the simulator's own cost per step (a barrier, a wake-up) stays far below
     # the 2 % it may take, even on a busy 2-core machine
-    result = training.run(Target(tmp_path), table(accelerators=[1, 2], epochs=[1],
+    outcome = training.run(Target(tmp_path), table(accelerators=[1, 2], epochs=[1],
                                                   computation_time="100 ms"))
-    for n, c in result["calibration"].items():
+    for n, c in outcome.result["calibration"].items():
         assert c["au_mean"] >= 0.98, (n, c["au_mean"])
         assert c["backend"] == "none" and c["device_read_bytes"] is None  # nothing was read
-    for r in result["runs"]:
+    for r in outcome.result["runs"]:
         assert r["bytes"] > 0 and r["backend"] in ("io_uring", "psync")
 
 
 def test_every_accelerator_runs_the_same_steps(tmp_path):
     # 64 files, batch 7, 3 accelerators: floor(64 / 7 / 3) = 3 steps each, 1 file left over
-    result = training.run(Target(tmp_path), table(files=64, accelerators=[3], epochs=[2],
+    outcome = training.run(Target(tmp_path), table(files=64, accelerators=[3], epochs=[2],
                                                   calibrate=False))
-    (r,) = result["runs"]
+    (r,) = outcome.result["runs"]
     assert r["steps_per_epoch"] == 3
     for e in r["per_epoch"]:
         assert e["steps_per_accelerator"] == [3, 3, 3]
@@ -201,8 +201,8 @@ def test_throttled_reads_lower_au_as_predicted(tmp_path):
     blocks = np.mean([math.ceil(s / 65536) for s in data.sizes])
     predicted = min(1.0, 0.040 / (4 * blocks * 0.010 / 2))
     assert predicted < 0.7  # the throttle must bite for the test to mean anything
-    assert slow["runs"][0]["au_mean"] == pytest.approx(predicted, abs=0.12)
-    assert fast["runs"][0]["au_mean"] > 0.9
+    assert slow.result["runs"][0]["au_mean"] == pytest.approx(predicted, abs=0.12)
+    assert fast.result["runs"][0]["au_mean"] > 0.9
 
 
 def test_cancel_stops_every_reader(tmp_path):
@@ -217,13 +217,13 @@ def test_device_counters_match_the_bytes_read(tmp_path, loop_device):
     dev = loop_device(256 << 20)
     mnt = loop_device.mount(dev)
     t = table(files=32, record_scale=0.01, computation_time="1 ms", calibrate=False)
-    result = training.run(Target(mnt), t)
-    (r,) = result["runs"]
+    outcome = training.run(Target(mnt), t)
+    (r,) = outcome.result["runs"]
     assert r["device_read_bytes"] is not None
     assert r["device_read_bytes"] == pytest.approx(r["bytes"], rel=0.05)
     # through the page cache a second epoch is served from memory: visible, not hidden
     cached = training.run(Target(mnt), {**t, "direct": False, "epochs": [1]})
-    assert cached["runs"][0]["path"] == "page cache"
+    assert cached.result["runs"][0]["path"] == "page cache"
 
 
 # ------------------------------------------------------------------ bad input, before any I/O
@@ -291,8 +291,8 @@ def test_the_v3_workloads_run_scaled(tmp_path, name, given):
     """Each new workload's files are made and read back through the engine as published
     (one sample a file, or 288 in flux-b200's), scaled to fit a test: every byte is read."""
     t = table(workload=name, computation_time="5 ms", **given)
-    result = training.run(Target(tmp_path), t)
-    (r,) = result["runs"]
+    outcome = training.run(Target(tmp_path), t)
+    (r,) = outcome.result["runs"]
     w = training.workload_of(t)
     assert r["bytes"] >= configs.steps_per_epoch(w, 1) * w.batch * w.record_length * 0.5
     assert 0 < r["au_mean"] <= 1 and r["samples_per_s"] > 0
@@ -377,7 +377,7 @@ def test_dlrm_b200_reads_only_the_columns_its_loader_wants(tmp_path, loop_device
     assert w.sample_read_bytes == 160 and len(w.columns) == 200 and w.record_length == 761
     per_file = engine.Ranges(w.column_ranges(), Target(mnt).align).nbytes
     assert per_file < 0.5 * w.file_bytes  # the columns, not the file
-    (r,) = training.run(Target(mnt), t)["runs"]
+    (r,) = training.run(Target(mnt), t).result["runs"]
     assert r["bytes"] % per_file == 0 and 1 <= r["bytes"] // per_file <= 4
     assert r["device_read_bytes"] == pytest.approx(r["bytes"], rel=0.05)
     training.remove(Target(mnt))

@@ -615,8 +615,8 @@ class QualSession:
     def build_record(self, spec: str) -> RunRecord:
         target = self.targets_reported.get(spec) or {"spec": spec}
         tests = [t for t in self.tests.values() if t.drive == spec]
-        backends = sorted({m["context"]["backend"] for t in tests for m in t.measurements
-                           if "backend" in m["context"]})
+        backends = sorted({b for t in tests for m in t.measurements
+                           if (b := Measurement.from_dict(m).backend)})
         baseline = self.baselines.get(spec)
         return RunRecord(
             target=target, profile=self.profile.as_dict(),

@@ -1,5 +1,5 @@
-"""What every family's run shares: `ResultOutcome` (an `Outcome`, qual.family, that is the run's
-own result document), `Repeated` (a whole run done the profile's `repeats` times), the I/O
+"""What every family's run shares: `ResultOutcome` (an `Outcome`, qual.family, over the run's
+own result document, which only the family reads), `Repeated` (a whole run done the profile's `repeats` times), the I/O
 backend field, the margin a fitted dataset leaves."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from qual.measurement import Measurement, repeated
 FIT_MARGIN = 0.95  # a dataset scaled to fit (--qual-fit) leaves this share of the room used
 
 
-class ResultOutcome(Outcome, dict):
-    """An outcome that is the run's own result document (a dict, as rank processes or
-    loaders report it, kept whole for tests and records), with the protocol's views of it."""
+class ResultOutcome(Outcome):
+    """An outcome over the run's own result document (`result`, a dict as rank processes or
+    loaders report it): the family reads it; everything past the family reads the protocol's
+    typed views of it (measurements, document, texts, charts, exit status)."""
 
     def __init__(self, result: dict, *, target):
-        dict.__init__(self, result)
+        self.result = result
         self.target = target
 
 
@@ -28,7 +29,7 @@ class Repeated(Outcome):
     the family's cells (loaders, accelerator counts, checkpoint writes and reads) before the
     next starts, so repetitions interleave across them. Its measurements are each the median of
     the repetitions, with every repetition and the interval in their context; everything else
-    (a result's keys, charts, the document) is the last repetition's."""
+    (the document, texts and charts) is the last repetition's."""
 
     def __init__(self, outcomes: list):
         if not outcomes:
@@ -61,12 +62,6 @@ class Repeated(Outcome):
 
     def exit_status(self) -> int:
         return max(o.exit_status() for o in self.outcomes)
-
-    def __getitem__(self, key):
-        return self.last[key]
-
-    def get(self, key, default=None):
-        return self.last.get(key, default)
 
 
 def backend_field() -> Field:

@@ -166,41 +166,41 @@ class CheckpointOutcome(ResultOutcome):
         """All, or one section: mlperf (the MLPerf procedure's runs), passes, restore, baseline
         (torch.save and torch.load)."""
         if section is not None:
-            return SECTIONS[section](self, self.target)
-        if self.get("mlperf") is not None:
-            return mlperf_measurements(self, self.target)
-        out = pass_measurements(self, self.target)
-        if self["restore"]:
-            out += restore_measurements(self, self.target)
-        if self["torch"]:
-            out += baseline_measurements(self, self.target)
+            return SECTIONS[section](self.result, self.target)
+        if self.result.get("mlperf") is not None:
+            return mlperf_measurements(self.result, self.target)
+        out = pass_measurements(self.result, self.target)
+        if self.result["restore"]:
+            out += restore_measurements(self.result, self.target)
+        if self.result["torch"]:
+            out += baseline_measurements(self.result, self.target)
         return out
 
     def document(self) -> dict:
-        if self.get("mlperf") is not None:
-            summary = mlperf_summary(self)
-            plan = self["plan"]
-            return {"procedure": "mlperf-v2", "bytes": sum(self["rank_bytes"]),
+        if self.result.get("mlperf") is not None:
+            summary = mlperf_summary(self.result)
+            plan = self.result["plan"]
+            return {"procedure": "mlperf-v2", "bytes": sum(self.result["rank_bytes"]),
                     # MLPerf's checkpoint.mode: subset writes this host's share (node-local)
                     "mode": "subset" if plan.get("subset") else "default",
-                    "full_bytes": plan.get("full_bytes", sum(self["rank_bytes"])),
-                    "ranks": self["world"], "plan": plan,
-                    "checkpoints_per_run": self["per_pass"], **summary,
-                    "store": self["store"], "kept": self["kept"]}
-        cps, r = self["checkpoints"], self["restore"]
+                    "full_bytes": plan.get("full_bytes", sum(self.result["rank_bytes"])),
+                    "ranks": self.result["world"], "plan": plan,
+                    "checkpoints_per_run": self.result["per_pass"], **summary,
+                    "store": self.result["store"], "kept": self.result["kept"]}
+        cps, r = self.result["checkpoints"], self.result["restore"]
         size = cps[0]["bytes"] if cps else r["bytes"] if r else 0  # read-only: what it restored
         seconds = [c["seconds"] for c in cps]
-        doc = {"bytes": size, "ranks": self["world"], "plan": self["plan"],
+        doc = {"bytes": size, "ranks": self.result["world"], "plan": self.result["plan"],
                "backend": cps[0]["backend"] if cps else None, "write_s": seconds,
                "write_bw_bytes": size * len(seconds) / sum(seconds) if seconds else 0.0,
                "zero_copy_bytes": [c["zero_copy_bytes"] for c in cps],
-               "store": self["store"], "kept": self["kept"]}
+               "store": self.result["store"], "kept": self.result["kept"]}
         if r:
             doc.update(restore_s=r["seconds"], restore_bw_bytes=r["bytes"] / r["seconds"]
                        if r["bytes"] else 0.0, verified=r["intact"], restore_errors=r["errors"],
                        crc_checked_bytes=r["bytes"], byte_compared_bytes=r["verified_bytes"],
                        restore_zero_copy_bytes=r["zero_copy_bytes"])
-        t = self["torch"]
+        t = self.result["torch"]
         if t:
             doc.update(torch_save_bw_bytes=t["bytes"] / t["save_s"],
                        torch_load_bw_bytes=t["bytes"] / t["load_s"])
@@ -208,7 +208,7 @@ class CheckpointOutcome(ResultOutcome):
 
     def lines(self) -> list[str]:
         doc = self.document()
-        if self.get("mlperf") is not None:
+        if self.result.get("mlperf") is not None:
             return [f"run {r['run']}: {r['checkpoints_written']} writes "
                     f"{r['save_checkpoint_duration_mean_seconds']:.2f} s "
                     f"({r['save_checkpoint_io_mean_GB_per_second']:.2f} GiB/s), "
@@ -225,27 +225,27 @@ class CheckpointOutcome(ResultOutcome):
         gb = doc["bytes"] / 1e9
         out = [f"checkpoint {i}: {gb:.3f} GB in {s:.2f} s ({gb / s:.2f} GB/s) [{doc['backend']}]"
                for i, s in enumerate(doc["write_s"], 1)]
-        if self["restore"]:
+        if self.result["restore"]:
             out.append(f"restore: {doc['restore_s']:.2f} s ({doc['restore_bw_bytes'] / 1e9:.2f} "
                        f"GB/s), intact: {doc['verified']} (CRC32C of every chunk, "
                        f"{doc['crc_checked_bytes'] / 1e9:.3f} GB; "
                        f"{doc['byte_compared_bytes'] / 1e9:.3f} GB of it byte for byte)")
             out += [f"  {e}" for e in doc["restore_errors"]]
-        if self["torch"]:
+        if self.result["torch"]:
             out.append(f"torch.save + fsync: {doc['torch_save_bw_bytes'] / 1e9:.2f} GB/s, "
                        f"torch.load: {doc['torch_load_bw_bytes'] / 1e9:.2f} GB/s")
         if doc["kept"]:
             out.append(f"kept in {doc['store']}: {', '.join(doc['kept'])}")
-        if self["checkpoints"] and not self["restore"]:
+        if self.result["checkpoints"] and not self.result["restore"]:
             out.append(f"read it back (here or on another host) with: qual checkpoint "
                        f"--read-only {Path(doc['store']) / doc['kept'][-1]}")
         return out
 
     def charts(self) -> dict[str, bytes]:
-        return {"seconds per checkpoint": charts.seconds_chart(self)} if self["checkpoints"] \
+        return {"seconds per checkpoint": charts.seconds_chart(self.result)} if self.result["checkpoints"] \
             else {}
 
     def exit_status(self) -> int:
-        if self.get("mlperf") is not None:
-            return Exit.PASS if mlperf_summary(self)["verified"] else Exit.FAIL
-        return Exit.FAIL if self["restore"] and not self["restore"]["intact"] else Exit.PASS
+        if self.result.get("mlperf") is not None:
+            return Exit.PASS if mlperf_summary(self.result)["verified"] else Exit.FAIL
+        return Exit.FAIL if self.result["restore"] and not self.result["restore"]["intact"] else Exit.PASS

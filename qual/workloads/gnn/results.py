@@ -84,12 +84,12 @@ class GnnOutcome(ResultOutcome):
     """What each loader measured (a dict, as `run` assembles it) and the protocol's views."""
 
     def measurements(self, section: str | None = None) -> list[Measurement]:
-        return in_section(measurements(self, self.target), SECTIONS, section)
+        return in_section(measurements(self.result, self.target), SECTIONS, section)
 
     def document(self) -> dict:
-        loaders = self["loaders"]
-        row = self["store"]["row_bytes"]
-        doc = {"dataset": self["dataset"], "steps": next(iter(loaders.values()))["measured"],
+        loaders = self.result["loaders"]
+        row = self.result["store"]["row_bytes"]
+        doc = {"dataset": self.result["dataset"], "steps": next(iter(loaders.values()))["measured"],
                "e2e_s": {k: v["e2e_s"] for k, v in loaders.items()},
                "accuracy": {k: v["accuracy"] for k, v in loaders.items()},
                "accuracy_interval": {k: v["accuracy_interval"] for k, v in loaders.items()},
@@ -133,7 +133,7 @@ class GnnOutcome(ResultOutcome):
         return out
 
     def charts(self) -> dict[str, bytes]:
-        out = {"stage breakdown": charts.stage_chart(self)}
-        if self["loaders"].get("gids", {}).get("cache"):
-            out["GIDS cache"] = charts.cache_chart(self)
+        out = {"stage breakdown": charts.stage_chart(self.result)}
+        if self.result["loaders"].get("gids", {}).get("cache"):
+            out["GIDS cache"] = charts.cache_chart(self.result)
         return out

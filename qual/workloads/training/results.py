@@ -84,22 +84,22 @@ class TrainingOutcome(ResultOutcome):
     """The sweep's results (a dict, as `run` assembles it) and the protocol's views of them."""
 
     def measurements(self, section: str | None = None) -> list[Measurement]:
-        return in_section(measurements(self, self.target), SECTIONS, section)
+        return in_section(measurements(self.result, self.target), SECTIONS, section)
 
     def document(self) -> dict:
         """The first sweep point: one accelerator count, one epochs value (as the CLI runs)."""
-        r = self["runs"][0]
+        r = self.result["runs"][0]
         n = r["accelerators"]
-        calib = self["calibration"].get(n)
-        return {"workload": self["workload"]["name"], "accelerators": n, "epochs": r["epochs"],
+        calib = self.result["calibration"].get(n)
+        return {"workload": self.result["workload"]["name"], "accelerators": n, "epochs": r["epochs"],
                 "backend": r["backend"], "path": r["path"], "au_mean": r["au_mean"],
                 "au_min_epoch": r["au_min_epoch"], "samples_per_s": r["samples_per_s"],
                 "bw_bytes": r["bw_bytes"], "bytes": r["bytes"],
                 "device_read_bytes": r["device_read_bytes"],
                 "au_ceiling": calib["au_mean"] if calib else None,
-                "steps_per_epoch": r["steps_per_epoch"], "shuffle_seed": self["shuffle_seed"],
-                "dataset": self["dataset"], "dataset_rule": self["rule"][n],
-                "caveats": caveats(self, n), "per_epoch": r["per_epoch"]}
+                "steps_per_epoch": r["steps_per_epoch"], "shuffle_seed": self.result["shuffle_seed"],
+                "dataset": self.result["dataset"], "dataset_rule": self.result["rule"][n],
+                "caveats": caveats(self.result, n), "per_epoch": r["per_epoch"]}
 
     def lines(self) -> list[str]:
         doc = self.document()
@@ -117,5 +117,5 @@ class TrainingOutcome(ResultOutcome):
         return out
 
     def charts(self) -> dict[str, bytes]:
-        return {"AU vs accelerators": charts.sweep_chart(self, "au"),
-                "MiB/s vs accelerators": charts.sweep_chart(self, "bw")}
+        return {"AU vs accelerators": charts.sweep_chart(self.result, "au"),
+                "MiB/s vs accelerators": charts.sweep_chart(self.result, "bw")}
