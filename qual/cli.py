@@ -138,6 +138,10 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                      help="print what the run would do (tests, bytes, estimated seconds) and "
                           "every reason it cannot go ahead; run nothing (exit 4 if refused)")
     run.add_argument("--json", action="store_true", help="with --plan: the plan as JSON")
+    run.add_argument("--store", default=None, metavar="URL|PATH|off",
+                     help="the results store each drive's record also goes to (default: "
+                          "$QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite; "
+                          "docs/store.md)")
 
     for family in families.values():
         if family.run is not None:
@@ -186,6 +190,20 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     cmp.add_argument("--chart", default=None, metavar="PNG", help="write a before/after chart")
     cmp.add_argument("--json", action="store_true", help="print a JSON document")
 
+    st = sub.add_parser("store", help="the results store: import run records, say where it is",
+                        description="Every qual run stores each drive's record in the results "
+                                    "store as it ends (docs/store.md). Exit 0: done; 1: the "
+                                    "store cannot be opened; 2: a record was refused (the rest "
+                                    "were stored).")
+    st_sub = st.add_subparsers(dest="store_command", metavar="{import,info}", required=True)
+    imp = st_sub.add_parser("import", help="store run records (files, or folders searched for "
+                                           "qual-run.json); one stored before is not stored again")
+    imp.add_argument("paths", nargs="+", metavar="PATH")
+    info = st_sub.add_parser("info", help="the store's URL, schema version and what it holds")
+    for each in (imp, info):
+        each.add_argument("--store", default=None, metavar="URL|PATH",
+                       help="default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite")
+
     prof = sub.add_parser("profiles", help="list the shipped profiles, or check them")
     prof.add_argument("--json", action="store_true",
                       help="the profiles (name, description, file, families, criteria) as JSON")
@@ -226,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(args)
         if args.command == "clean":
             return cmd_clean(args, families)
+        if args.command == "store":
+            return cmd_store(args)
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
         return Exit.FAIL
@@ -466,6 +486,35 @@ def cmd_compare(args) -> int:
     return Exit.IMPROVED if improved and not args.accept_improvements else Exit.PASS
 
 
+def cmd_store(args) -> int:
+    from qual import store
+
+    try:
+        if store.check_url(args.store) is None:
+            raise store.StoreError("the store is off (QUAL_STORE=off): name one with --store")
+    except store.StoreError as e:
+        print(f"qual store: error: --store: {e}", file=sys.stderr)
+        return Exit.USAGE
+    try:
+        with store.Store.open(args.store) as db:
+            if args.store_command == "info":
+                print(f"store: {store.shown(db.url)}\nschema version: {db.version()}")
+                for name, n in db.counts().items():
+                    print(f"{name}: {n}")
+                return Exit.PASS
+            stored, refused = db.import_paths(args.paths)
+    except store.StoreError as e:
+        print(f"qual store: error: {e}", file=sys.stderr)
+        return Exit.FAIL
+    for path, run_id, new in stored:
+        print(f"{'stored' if new else 'stored before'}: {path} (run {run_id})")
+    for path, why in refused:
+        print(f"refused: {path}: {why}", file=sys.stderr)
+    print(f"{sum(new for *_, new in stored)} stored, {sum(not new for *_, new in stored)} "
+          f"stored before, {len(refused)} refused, in {store.shown(db.url)}")
+    return Exit.USAGE if refused else Exit.PASS
+
+
 def cmd_run(args, extra: list[str], families: dict) -> int:
     import pytest
 
@@ -489,6 +538,15 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     argv = [*suites, "-c", str(shipped("suites") / "pytest.ini"), f"--qual-profile={profile}",
             f"--qual-results={results}", "-p", "no:cacheprovider", "-p", "no:benchmark"]
     argv += [f"--qual-target={t}" for t in targets]
+    if args.store:
+        from qual import store
+
+        try:  # a store named wrongly: refused before any I/O, like any bad flag
+            store.check_url(args.store)
+        except store.StoreError as e:
+            print(f"qual run: error: --store: {e}", file=sys.stderr)
+            return Exit.USAGE
+        argv.append(f"--qual-store={args.store}")
     if args.plan:
         return _plan(argv + extra, args.json)
     if args.json:

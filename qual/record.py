@@ -33,15 +33,54 @@ def record_paths(given: list[str]) -> list[Path]:
 
 
 def read_record(path: str | Path) -> dict:
-    """A run record from disk; ValueError saying what is wrong with it."""
+    """A run record from disk; ValueError saying what is wrong with it (`path: reason`)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+        text = Path(path).read_text()
+        data = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a qual run record (not UTF-8 text: {e.reason} at byte "
+                         f"{e.start})") from None
+    except json.JSONDecodeError as e:
+        cut = e.pos >= len(text.rstrip()) and text.lstrip().startswith("{")
+        raise ValueError(f"{path}: " + ("not a whole qual run record (it ends at line "
+                                         f"{e.lineno}: cut short)" if cut else
+                                         f"not a qual run record (not JSON: {e.msg} at line "
+                                         f"{e.lineno} column {e.colno})")) from None
+    except OSError as e:
         raise ValueError(f"{path}: cannot read a qual run record: {e}") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        schema = data.get("schema") if isinstance(data, dict) else None
-        raise ValueError(f"{path}: not a qual run record (schema {schema!r})")
+    try:
+        check_schema(data)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return data
+
+
+REQUIRED = {"started": str, "target": dict, "profile": dict, "tests": list, "summary": dict}
+
+
+def check_schema(data) -> None:
+    """ValueError saying why `data` is not a run record this qual reads: another document, or
+    a record of a newer schema (a newer qual wrote it)."""
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if not isinstance(schema, str) or not schema.startswith("qual-run/"):
+        raise ValueError(f"not a qual run record (schema {schema!r})")
+    if schema != SCHEMA:
+        version = schema.removeprefix("qual-run/")
+        newer = version.isdigit() and int(version) > int(SCHEMA.removeprefix("qual-run/"))
+        raise ValueError(f"a record of schema {schema}" + (
+            f", newer than this qual's ({SCHEMA}): read it with a newer qual" if newer else
+            f", which this qual ({SCHEMA}) does not read"))
+
+
+def check_record(data) -> None:
+    """check_schema, and every part a finished run's record has (what the store keys on)."""
+    check_schema(data)
+    for key, kind in REQUIRED.items():
+        if not isinstance(data.get(key), kind):
+            raise ValueError(f"not a whole qual run record ({key!r} is missing or not a "
+                             f"{kind.__name__})")
+    if not isinstance(data["summary"].get("verdict"), str):
+        raise ValueError("not a whole qual run record (its summary has no verdict)")
 
 
 def comparable_measurements(record: dict) -> dict[str, dict]:
@@ -204,6 +243,8 @@ class RunRecord:
     interrupted: str | None = None
     resumed: list[dict] | None = None  # each resumption: when, and how many tests it kept
     device_gone: dict | None = None  # the test after which the device was gone, and how
+    run_id: str | None = None  # this drive's run, once: the store's key (qual.store)
+    rig: str | None = None  # the rig it ran on: $QUAL_RIG, else the host's name
     schema: str = SCHEMA
     qual_version: str = field(default_factory=lambda: qual_version())
     host: dict = field(default_factory=lambda: host_info())
@@ -215,7 +256,8 @@ class RunRecord:
                "seed": self.seed, "baseline": self.baseline,
                "tests": [t.as_dict() for t in self.tests], "plan": self.plan,
                "summary": self.summary}
-        out.update({k: v for k, v in (("stalled", self.stalled),
+        out.update({k: v for k, v in (("run_id", self.run_id), ("rig", self.rig),
+                                      ("stalled", self.stalled),
                                       ("device_gone", self.device_gone),
                                       ("interrupted", self.interrupted),
                                       ("resumed", self.resumed)) if v is not None})

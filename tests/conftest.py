@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from pgserver import PostgresServer
 from testbed import CI_DEVICE, IS_ROOT, Misbehaving, sh, write_pattern_file
 
 # The Ctrl-C tests send SIGINT to qual processes they start. A shell starts a background job
@@ -18,6 +21,14 @@ from testbed import CI_DEVICE, IS_ROOT, Misbehaving, sh, write_pattern_file
 # is not ignored). With a handler here, children start with the default again.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_configure(config):
+    """Every qual run the tests start stores into a scratch store of this test session, never
+    the user's (QUAL_STORE, inherited by the runs), removed at the end."""
+    scratch = tempfile.mkdtemp(prefix="qual-test-store-")
+    os.environ["QUAL_STORE"] = os.path.join(scratch, "store.sqlite")
+    config.add_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
 
 
 @pytest.fixture
@@ -150,3 +161,24 @@ def ram_device():
         subprocess.run(["umount", dev], capture_output=True)
         subprocess.run(["losetup", "--detach", dev], capture_output=True)
         backing.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- the results store
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (tests/pgserver.py) for the session, stopped at its end."""
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    """An empty results store: an SQLite file, and a database of its own on the real server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.sqlite'}"
+    return request.getfixturevalue("postgres").new_database()

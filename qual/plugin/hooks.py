@@ -47,6 +47,10 @@ def pytest_addoption(parser):
                      "(default: ci)")
     g.addoption("--qual-results", default="qual-results", metavar="DIR",
                 help="where the run record qual-run.json goes (default: qual-results)")
+    g.addoption("--qual-store", default=None, metavar="URL|PATH|off",
+                help="the results store each drive's record also goes to as the run ends: an "
+                     "SQLite file or postgresql://USER@HOST:PORT/DB (default: $QUAL_STORE, "
+                     "else ~/.local/share/qual/qual-store.sqlite); off: none")
     g.addoption("--qual-baseline", action="append", default=None, metavar="FILE|DIR",
                 help="a previous qual-run.json, or a folder of runs of the old firmware (their "
                      "repetitions pooled): a regression beyond the profile's tolerance fails "

@@ -8,14 +8,16 @@ import contextlib
 import errno
 import json
 import os
+import socket
 import stat
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from qual import engine, report, thresholds, watchdog
+from qual import engine, report, store, thresholds, watchdog
 from qual.engine import QualError
 from qual.plan import Plan, Selected, make_plan
 from qual.targets.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, erase_leftover,
@@ -75,6 +77,11 @@ class QualSession:
             raise pytest.UsageError("--qual-target: a drive is named twice")
         self.target_specs: list[str] = specs
         self.results_dir = Path(opt.qual_results)
+        try:  # a store named wrongly is refused before any I/O; one that is down, at the end
+            store.check_url(opt.qual_store)
+        except store.StoreError as e:
+            raise pytest.UsageError(f"--qual-store: {e}") from None
+        self.stored: dict[str, str] = {}  # each drive's line: stored in ..., or not stored: why
         # a worker xdist started in place of one whose drive stopped answering never touches
         # that drive again (a stat of it may never return)
         self.abandoned = {spec for spec in specs if not self.controller and
@@ -405,7 +412,8 @@ class QualSession:
         journal = self.journals[spec]
         if not journal.header:
             profile = self.profile.as_dict()
-            journal.header = {"profile": {k: profile[k] for k in ("name", "digest")},
+            journal.header = {"run_id": uuid.uuid4().hex,
+                              "profile": {k: profile[k] for k in ("name", "digest")},
                               "qual_version": qual_version(), "started": self.started,
                               "target": self.targets_reported.get(spec, {"spec": spec}),
                               "run": {"profile": self.config.option.qual_profile,
@@ -505,10 +513,11 @@ class QualSession:
                   if name in {self.spec_of(it) for it in self.items} and
                   any(t.drive == name for t in self.tests.values())]
         stalled = {"test": item.nodeid if item else None, "what": stall}
-        for path, record in self.write_records(
-                drives, stalled=lambda _: stalled, stopped=stopped).values():
+        for spec, (path, record) in self.write_records(
+                drives, stalled=lambda _: stalled, stopped=stopped).items():
             lines += report.summary_lines(record)
             lines.append(f"verdict: {record['summary']['verdict']}    run record: {path}")
+            lines.append(self.stored[spec])
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         with self.console.uncaptured():
             for line in ["", *lines]:
@@ -627,6 +636,8 @@ class QualSession:
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=self.config.option.qual_seed,
             baseline=str(baseline.path) if baseline else None, plan=target.get("plan"),
             resumed=self.journals[spec].header.get("resumed"),
+            run_id=self.journals[spec].header.get("run_id") or uuid.uuid4().hex,
+            rig=os.environ.get("QUAL_RIG") or socket.gethostname(),
             device_gone=self.departed.get(spec))
 
     def record_path(self, spec: str) -> Path:
@@ -683,6 +694,7 @@ class QualSession:
             path = self.record_path(spec)
             write_record(path, record)
             written[spec] = (path, record)
+            self.stored[spec] = store.store_record(record, self.config.option.qual_store)
             if alluredir:
                 drive = self.drive_label_of(record, spec)
                 if stopped:
@@ -722,6 +734,7 @@ class QualSession:
                 tr.write_line(f"interrupted: {record['interrupted']}", yellow=True)
             tr.write_line(f"verdict: {s['verdict']}    run record: {path}",
                           bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
+            tr.write_line(self.stored[spec], yellow=self.stored[spec].startswith("not stored"))
 
 
 def short_message(report) -> str:

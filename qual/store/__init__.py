@@ -1,0 +1,342 @@
+"""The results store (docs/store.md): every run's record in a database that a person can query
+with SQL, for what one record cannot answer (a drive model's population, a firmware's history).
+An SQLite file by default, nothing to set up; a PostgreSQL server that a lab's rigs share
+(`--store postgresql://…` or $QUAL_STORE). One SQL layer (SQLAlchemy Core) serves both, and the
+schema is versioned by migrations (Alembic, qual/store/migrations) applied when a store is
+opened, so a store outlives qual versions.
+
+A run is stored whole or not at all (one transaction), once (its `run_id` is the key: storing
+it again stores nothing). Every wait is bounded: SQLite waits at most BUSY_S for another writer,
+PostgreSQL at most CONNECT_S to connect and STATEMENT_S for a statement or a lock."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import create_engine, event, func, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+
+from qual.measurement import is_final, repetitions_of
+from qual.record import check_record, read_record, record_paths
+from qual.store.schema import drives, measurements, metadata, runs
+
+ENV = "QUAL_STORE"
+BUSY_S = 60  # SQLite: the longest a writer waits for another
+CONNECT_S = 10  # PostgreSQL: to connect
+STATEMENT_S = 60  # PostgreSQL: for one statement, or a lock
+MIGRATION_LOCK = 0x7175616C  # PostgreSQL advisory lock key ("qual")
+
+
+class StoreError(Exception):
+    """The store cannot be opened, read or written (the reason is the message)."""
+
+
+def default_path() -> Path:
+    """The embedded store: $XDG_DATA_HOME/qual/qual-store.sqlite (~/.local/share/...)."""
+    home = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                           "share")
+    return Path(home) / "qual" / "qual-store.sqlite"
+
+
+def url_of(given: str | None = None) -> str:
+    """The store a command uses: `given` (--store), else $QUAL_STORE, else the embedded default.
+    A plain path is an SQLite file."""
+    given = given or os.environ.get(ENV) or str(default_path())
+    if given == OFF:
+        return OFF
+    if "://" not in given:
+        return f"sqlite:///{Path(given).expanduser().resolve()}"
+    return given
+
+
+OFF = "off"
+
+
+def check_url(given: str | None) -> str | None:
+    """The store a run will use (None: off), or StoreError for one that cannot be (a URL of
+    another database, or none at all); nothing is opened."""
+    url = url_of(given)
+    if url == OFF:
+        return None
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError:
+        raise StoreError(f"{given!r} is not a database URL (sqlite:///PATH, "
+                         "postgresql://USER@HOST:PORT/DB, or a path)") from None
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(f"{shown(url)}: qual stores in SQLite or PostgreSQL, not {backend}")
+    return url
+
+
+def shown(url: str) -> str:
+    """A store's URL as it may be printed (no password)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+# ------------------------------------------------------------------ what a record stores
+
+
+@dataclass(frozen=True)
+class Row:
+    """A run record as the store's rows: its drive, its run, its measurements."""
+
+    run_id: str
+    drive: dict
+    run: dict
+    measurements: list[dict]
+
+
+def run_id_of(record: dict) -> str:
+    """A record's key: its `run_id`, or for a record older than run ids, the digest of its
+    content (so importing it twice stores it once)."""
+    if record.get("run_id"):
+        return str(record["run_id"])
+    body = json.dumps(record, sort_keys=True, default=str).encode()
+    return "sha256:" + hashlib.sha256(body).hexdigest()[:56]
+
+
+def _when(text: str | None) -> datetime | None:
+    """A record's time (2026-12-06T03:00:00+0000) in UTC, as both databases keep it."""
+    if not text:
+        return None
+    try:
+        t = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        t = datetime.fromisoformat(text)
+    if t.tzinfo is not None:
+        t = t.astimezone(timezone.utc).replace(tzinfo=None)
+    return t
+
+
+def _verdict(verdicts: list[dict]) -> str | None:
+    if not verdicts:
+        return None
+    if not all(v.get("passed") for v in verdicts):
+        return "FAIL"
+    return "INCONCLUSIVE" if any(v.get("inconclusive") for v in verdicts) else "PASS"
+
+
+def rows_of(record: dict) -> Row:
+    """What a (checked) record stores: ValueError where it lacks what the store keys on."""
+    ident = record["target"].get("identity") or {}
+    link = " x".join(str(ident[k]) for k in ("link_speed", "link_width") if ident.get(k))
+    drive = {"model": ident.get("model") or "", "serial": ident.get("serial") or "",
+             "firmware": ident.get("firmware") or "", "capacity": ident.get("capacity"),
+             "link": link or None}
+    run_id = run_id_of(record)
+    profile = record["profile"]
+    run = {"id": run_id, "started": _when(record["started"]),
+           "finished": _when(record.get("finished")),
+           "host": record.get("host", {}).get("hostname") or "",
+           "rig": record.get("rig") or record.get("host", {}).get("hostname") or "",
+           "qual_version": record.get("qual_version") or "", "profile": profile.get("name") or "",
+           "profile_digest": profile.get("digest") or "",
+           "verdict": record["summary"]["verdict"], "schema": record["schema"],
+           "record": record}
+    out = []
+    for t in record["tests"]:
+        verdicts: dict[str, list] = {}
+        for v in t.get("verdicts", ()):
+            verdicts.setdefault(v["id"], []).append(v)
+        for m in t["measurements"]:
+            if not is_final(m.get("context", {})):
+                continue
+            interval = m.get("context", {}).get("interval") or [None, None]
+            out.append({"run_id": run_id, "test": t["nodeid"], "measurement": m["id"],
+                        "metric": m["metric"], "params": m.get("params", {}), "unit": m["unit"],
+                        "value": float(m["value"]), "repetitions": repetitions_of(m),
+                        "interval_low": interval[0], "interval_high": interval[1],
+                        "comparable": bool(m.get("comparable", True)),
+                        "verdict": _verdict(verdicts.get(m["id"], []))})
+    return Row(run_id, drive, run, out)
+
+
+# ------------------------------------------------------------------ the store
+
+
+def _sqlite_engine(url) -> Engine:
+    path = Path(url.database)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": BUSY_S})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi, _record):
+        dbapi.isolation_level = None  # qual begins its own transactions
+        dbapi.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
+        dbapi.execute("PRAGMA foreign_keys=ON")
+        dbapi.execute("PRAGMA synchronous=FULL")  # a stored run survives a power loss
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        # a writer takes the write lock at once (waiting at most BUSY_S), so two writers never
+        # deadlock upgrading their read locks
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _postgresql_engine(url) -> Engine:
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    return create_engine(url, pool_pre_ping=True, connect_args={
+        "connect_timeout": CONNECT_S,
+        "options": f"-c statement_timeout={STATEMENT_S * 1000} "
+                   f"-c lock_timeout={STATEMENT_S * 1000}"})
+
+
+class Store:
+    """An open results store (`open`): `put` a record, `import_paths` of record files, and the
+    queries the gate, acceptance and history read."""
+
+    def __init__(self, url: str, engine: Engine):
+        self.url, self.engine = url, engine
+
+    @classmethod
+    def open(cls, given: str | None = None) -> Store:
+        """The store at `given` (a URL or an SQLite path; else $QUAL_STORE, else the default),
+        migrated to this qual's schema: StoreError saying why it cannot be."""
+        url = check_url(given)
+        if url is None:
+            raise StoreError("the store is off (--store off, or QUAL_STORE=off)")
+        parsed = make_url(url)
+        backend = parsed.get_backend_name()
+        try:
+            engine = _sqlite_engine(parsed) if backend == "sqlite" else _postgresql_engine(parsed)
+            store = cls(url, engine)
+            store._migrate()
+        except (SQLAlchemyError, OSError) as e:
+            raise StoreError(f"store {shown(url)}: {_reason(e)}") from None
+        return store
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- the schema's version
+
+    def _migrate(self) -> None:
+        """Bring the store to this qual's schema (the migrations it lacks, under a lock, so
+        rigs that open a new store at once migrate it once); refuse a store newer than qual."""
+        from qual.store import migrations
+
+        head = migrations.head()
+        with self.engine.connect() as c:
+            current = migrations.current(c)
+            c.rollback()
+        if current == head:
+            return
+        if current is not None and current not in migrations.known():
+            raise StoreError(f"store {shown(self.url)}: its schema (version {current}) is newer "
+                             f"than this qual's ({head}): use a newer qual")
+        # one migrator at a time, the others wait and then find nothing to do: SQLite's
+        # BEGIN IMMEDIATE holds the write lock, PostgreSQL an advisory lock, for the transaction
+        with self.engine.begin() as c:
+            if self.engine.dialect.name == "postgresql":
+                c.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+            migrations.upgrade(c)
+
+    def version(self) -> str | None:
+        from qual.store import migrations
+
+        with self.engine.connect() as c:
+            return migrations.current(c)
+
+    # ---- writing
+
+    def put(self, record: dict) -> tuple[str, bool]:
+        """Store a run record (ValueError: not a whole one): its run id, and whether it was new
+        (False: it was stored before, and nothing changed). All of it or nothing: one
+        transaction."""
+        check_record(record)
+        row = rows_of(record)
+        ins = self._insert_ignoring_duplicates
+        with self.engine.begin() as c:
+            c.execute(ins(drives, ("model", "serial", "firmware")).values(**row.drive))
+            drive_id = c.execute(select(drives.c.id).where(
+                drives.c.model == row.drive["model"], drives.c.serial == row.drive["serial"],
+                drives.c.firmware == row.drive["firmware"])).scalar_one()
+            added = c.execute(ins(runs, ("id",)).values(drive_id=drive_id, **row.run)
+                              .returning(runs.c.id)).first() is not None
+            if added and row.measurements:
+                c.execute(measurements.insert(), row.measurements)
+        return row.run_id, added
+
+    def _insert_ignoring_duplicates(self, table, keys: tuple[str, ...]):
+        if self.engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(table).on_conflict_do_nothing(index_elements=list(keys))
+
+    def import_paths(self, paths: list[str]) -> tuple[list[tuple[str, str, bool]],
+                                                      list[tuple[str, str]]]:
+        """Store the run records at `paths` (files, or folders searched for qual-run.json):
+        (path, run id, new) for each stored, (path, reason) for each refused (nothing of a
+        refused one is stored)."""
+        stored, refused = [], []
+        for given in paths:
+            try:
+                found = record_paths([given])
+            except ValueError as e:
+                refused.append((given, str(e)))
+                continue
+            for path in found:
+                try:
+                    record = read_record(path)
+                    run_id, new = self.put(record)
+                except ValueError as e:
+                    refused.append((str(path), str(e).removeprefix(f"{path}: ")))
+                    continue
+                stored.append((str(path), run_id, new))
+        return stored, refused
+
+    # ---- reading
+
+    def counts(self) -> dict[str, int]:
+        """How many rows each table holds."""
+        with self.engine.connect() as c:
+            return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()
+                    for t in (drives, runs, measurements)}
+
+
+def store_record(record: dict, given: str | None = None) -> str:
+    """Store a run's record as the run ends: the line to say (`stored in …`, or
+    `not stored: <reason>` when the store cannot take it; the record stays on disk and
+    `qual store import` stores it later)."""
+    try:
+        if check_url(given) is None:
+            return "not stored: the store is off"
+        with Store.open(given) as store:
+            run_id, _ = store.put(record)
+        return f"stored in {shown(store.url)} as run {run_id}"
+    except (StoreError, ValueError) as e:
+        return f"not stored: {e}"
+    except (SQLAlchemyError, OSError) as e:
+        return f"not stored: {_reason(e)}"
+
+
+def _reason(e: Exception) -> str:
+    """A database error as one line a person can act on."""
+    if isinstance(e, DBAPIError) and e.orig is not None:
+        return " ".join(str(e.orig).split())
+    if isinstance(e, SQLAlchemyError):
+        return " ".join(str(e).split("\n")[0].split())
+    return str(e)
+
+
+__all__ = ["ENV", "Store", "StoreError", "default_path", "metadata",
+           "store_record", "url_of"]

@@ -1,0 +1,1 @@
+"""One file per schema version of the store, oldest first (Alembic revisions)."""

@@ -1,0 +1,251 @@
+"""The results store (qual.store, docs/store.md), each test on an SQLite file and on a real
+PostgreSQL server (tests/pgserver.py): a run stored whole and once, the schema its migrations
+build, records refused with their reason, eight writers at once, a writer killed mid-write, a
+store that cannot be reached when a run ends."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+from pgserver import free_port
+from testbed import HERE, TINY_PROFILE, load_record, qual
+
+from qual import store
+from qual.exits import Exit
+from qual.measurement import measure, with_repetitions
+from qual.record import RunRecord, TestResult, write_record
+from qual.store import Store, StoreError
+from qual.workloads.bandwidth import METRICS
+
+MODEL = "QUALTEST NVMe M1"
+SEQ = {"bs": 1 << 20, "qd": 16}
+
+
+def a_record(serial: str = "S1", firmware: str = "1.0", reads: tuple = (5e9, 5.1e9, 4.9e9), *,
+             floor: float = 1e9, model: str = MODEL, started: str = "2026-12-06T03:00:00+0000",
+             profile: str = "ci") -> dict:
+    """A drive's run record as qual writes it: one repeated, judged bandwidth figure and one
+    latency figure measured once."""
+    bw = with_repetitions(measure("bandwidth", METRICS["seq_read_bw"], SEQ, reads[-1],
+                                  context={"backend": "io_uring", "device_truth": "counted"}),
+                          list(reads))
+    lat = measure("bandwidth", METRICS["rand_read_lat"], {"bs": 4096, "qd": 1, "pct": 99.0},
+                  90e-6)
+    passed = bw.value >= floor
+    verdict = {"id": bw.id, "metric": bw.metric, "value": bw.value, "passed": passed,
+               "inconclusive": False}
+    tests = [TestResult("test_bandwidth.py::test_cell[seq_read-1M-qd16]", "d",
+                        "passed" if passed else "failed", measurements=[bw.as_dict()],
+                        verdicts=[verdict]),
+             TestResult("test_bandwidth.py::test_latency", "d", measurements=[lat.as_dict()])]
+    return RunRecord(
+        target={"spec": "/dev/x", "kind": "block",
+                "identity": {"model": model, "serial": serial, "firmware": firmware,
+                             "capacity": 1 << 40, "link_speed": "32.0 GT/s PCIe",
+                             "link_width": "4"}},
+        profile={"name": profile, "digest": "d1"}, engine={}, tests=tests,
+        summary={"verdict": "PASS" if passed else "FAIL"}, started=started,
+        finished=started, run_id=uuid.uuid4().hex, rig="rig-a").as_dict()
+
+
+def rows(url: str, sql: str) -> list[tuple]:
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as c:
+            return [tuple(r) for r in c.execute(text(sql))]
+    finally:
+        engine.dispose()
+
+
+def test_a_run_is_stored_whole_and_once_and_can_be_queried_with_sql(store_url):
+    record = a_record()
+    with Store.open(store_url) as db:
+        run_id, new = db.put(record)
+        assert new and run_id == record["run_id"]
+        assert db.put(record) == (run_id, False)  # again: nothing changes
+        assert db.counts() == {"drives": 1, "runs": 1, "measurements": 2}
+    (drive,) = rows(store_url, "SELECT model, serial, firmware, capacity, link FROM drives")
+    assert drive == (MODEL, "S1", "1.0", 1 << 40, "32.0 GT/s PCIe x4")
+    (run,) = rows(store_url, "SELECT id, rig, profile, verdict, qual_version FROM runs")
+    assert run[:4] == (run_id, "rig-a", "ci", "PASS") and run[4]
+    # the docs' first example query: a metric's value per drive and firmware
+    found = rows(store_url, """
+        SELECT d.serial, d.firmware, m.value, m.unit, m.verdict, m.repetitions
+        FROM measurements m JOIN runs r ON r.id = m.run_id JOIN drives d ON d.id = r.drive_id
+        WHERE m.metric = 'seq_read_bw' ORDER BY r.started""")
+    (serial, firmware, value, unit, verdict, repetitions) = found[0]
+    assert (serial, firmware, value, unit, verdict) == ("S1", "1.0", 5e9, "B/s", "PASS")
+    reps = repetitions if isinstance(repetitions, list) else json.loads(repetitions)
+    assert reps == [5e9, 5.1e9, 4.9e9]
+    (stored,) = rows(store_url, "SELECT record FROM runs")
+    doc = stored[0] if isinstance(stored[0], dict) else json.loads(stored[0])
+    assert doc == json.loads(json.dumps(record))  # the record itself, whole
+
+
+def test_the_migrations_build_the_schema_the_code_declares(store_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    with Store.open(store_url) as db, db.engine.connect() as c:
+        diff = compare_metadata(MigrationContext.configure(c), store.metadata)
+    assert diff == []
+
+
+def test_a_store_of_a_newer_schema_is_refused(store_url):
+    Store.open(store_url).close()
+    engine = create_engine(store_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as c:
+        c.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(StoreError, match="newer than this qual's"):
+        Store.open(store_url)
+
+
+def test_what_is_not_a_whole_record_is_refused_with_its_reason_and_nothing_of_it_stored(
+        store_url, tmp_path):
+    good, newer = a_record(), {**a_record(), "schema": "qual-run/2"}
+    write_record(tmp_path / "good" / "qual-run.json", good)
+    write_record(tmp_path / "newer.json", newer)
+    whole = json.dumps(a_record())
+    (tmp_path / "cut.json").write_text(whole[:len(whole) // 2])
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    (tmp_path / "parts.json").write_text(json.dumps({**a_record(), "summary": None}))
+    given = [str(tmp_path / p) for p in ("good", "newer.json", "cut.json", "other.json",
+                                         "parts.json", "missing.json")]
+    proc = qual("store", "import", "--store", store_url, *given, cwd=tmp_path, timeout=120)
+    assert proc.returncode == Exit.USAGE, proc.stderr
+    refused = dict(line.removeprefix("refused: ").split(": ", 1)
+                   for line in proc.stderr.splitlines() if line.startswith("refused: "))
+    assert set(refused) == set(given[1:]), proc.stderr
+    assert "newer than this qual's" in refused[given[1]]
+    assert "cut short" in refused[given[2]]
+    assert "not a qual run record" in refused[given[3]]
+    assert "summary" in refused[given[4]]
+    assert "No such file" in refused[given[5]]
+    with Store.open(store_url) as db:
+        assert db.counts() == {"drives": 1, "runs": 1, "measurements": 2}
+    assert rows(store_url, "SELECT id FROM runs") == [(good["run_id"],)]
+
+
+WRITER = """
+import json, sys, uuid
+from qual.store import Store
+url, template, n = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+me = sys.argv[4]
+with Store.open(url) as db:
+    for i in range(n):
+        record = {**template, "run_id": f"{me}-{i}"}
+        record["target"] = {**template["target"], "identity": {
+            **template["target"]["identity"], "serial": f"{me}-{i % 5}"}}
+        db.put(record)
+        if len(sys.argv) > 5 and i == int(sys.argv[5]):
+            print("stored", flush=True)
+"""
+
+
+def test_eight_rigs_store_fifty_runs_each_at_once_every_run_once(store_url, tmp_path):
+    template = tmp_path / "record.json"
+    template.write_text(json.dumps(a_record()))
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, store_url, str(template), "50",
+                                 f"rig{w}"], stderr=subprocess.PIPE, text=True)
+               for w in range(8)]
+    for w in writers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err
+    with Store.open(store_url) as db:
+        assert db.counts() == {"drives": 40, "runs": 400, "measurements": 800}
+    assert rows(store_url, "SELECT count(DISTINCT id) FROM runs") == [(400,)]
+    # none partial: every run has both its measurements
+    assert rows(store_url, "SELECT count(*) FROM runs r WHERE (SELECT count(*) FROM "
+                           "measurements m WHERE m.run_id = r.id) <> 2") == [(0,)]
+
+
+def test_a_writer_killed_mid_write_leaves_no_partial_run(store_url, tmp_path):
+    """SIGKILL while runs are being stored, again and again: every run there is whole."""
+    template = tmp_path / "record.json"
+    big = a_record()
+    # many measurements a run, so the kill lands inside a run's transaction
+    big["tests"] = big["tests"] * 200
+    template.write_text(json.dumps(big))
+    Store.open(store_url).close()
+    for attempt in range(5):
+        w = subprocess.Popen([sys.executable, "-c", WRITER, store_url, str(template), "100",
+                              f"k{attempt}", "0"], stdout=subprocess.PIPE, text=True)
+        assert w.stdout.readline().strip() == "stored"  # one run in, others on their way
+        time.sleep(0.05 * attempt)
+        w.send_signal(signal.SIGKILL)
+        w.wait(timeout=30)
+    counts = rows(store_url, "SELECT r.id, (SELECT count(*) FROM measurements m WHERE "
+                             "m.run_id = r.id) FROM runs r")
+    assert len(counts) >= 5 and {n for _, n in counts} == {400}, counts
+
+
+def test_a_run_whose_store_cannot_be_reached_keeps_its_record_and_its_exit_status(tmp_path,
+                                                                                 postgres):
+    """The store is down when the run ends: the record stays on disk, the run says `not
+    stored: <reason>` and keeps its exit status; `qual store import` stores it later."""
+    results = tmp_path / "results"
+    down = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
+    proc = qual("run", "--profile", str(TINY_PROFILE), "--target", str(tmp_path / "t.dat"),
+                "--results", str(results), "--store", down, "-k", "test_cell", cwd=tmp_path,
+                timeout=300)
+    assert proc.returncode == Exit.PASS, proc.stdout[-3000:]
+    said = [line for line in proc.stdout.splitlines() if "stored" in line]
+    assert said and said[-1].startswith("not stored: store postgresql://postgres@127.0.0.1")
+    assert "Connection refused" in said[-1] or "connection failed" in said[-1]
+    record = load_record(results)
+    url = postgres.new_database()
+    proc = qual("store", "import", "--store", url, str(results), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert rows(url, "SELECT id, verdict FROM runs") == [(record["run_id"], "PASS")]
+
+
+def test_a_run_stores_its_record_as_it_ends(tmp_path, store_url):
+    results = tmp_path / "results"
+    proc = qual("run", "--profile", str(TINY_PROFILE), "--target", str(tmp_path / "t.dat"),
+                "--results", str(results), "--store", store_url, "-k", "test_cell",
+                cwd=tmp_path, timeout=300)
+    assert proc.returncode == Exit.PASS, proc.stdout[-3000:]
+    record = load_record(results)
+    assert f"as run {record['run_id']}" in proc.stdout
+    assert rows(store_url, "SELECT id, verdict, profile FROM runs") == \
+        [(record["run_id"], "PASS", "tiny")]
+    stored = rows(store_url, "SELECT measurement FROM measurements")
+    final = [m["id"] for t in record["tests"] for m in t["measurements"]
+             if (m["context"].get("repetition") or [1, 1])[0] ==
+             (m["context"].get("repetition") or [1, 1])[1]]
+    assert sorted(m for (m,) in stored) == sorted(final) and final
+
+
+def test_a_store_named_wrongly_is_refused_before_any_io(tmp_path):
+    target = tmp_path / "t.dat"
+    proc = qual("run", "--profile", str(TINY_PROFILE), "--target", str(target), "--results",
+                str(tmp_path / "r"), "--store", "mysql://db/qual", cwd=tmp_path, timeout=120)
+    assert proc.returncode == Exit.USAGE
+    assert "qual run: error: --store: mysql://db/qual: qual stores in SQLite or PostgreSQL" in \
+        proc.stderr
+    assert not target.exists() and not (tmp_path / "r").exists()
+
+
+def test_the_documented_queries_run_on_both_databases(store_url):
+    """docs/store.md's example queries, as written, answer from a store with two firmwares."""
+    doc = (HERE.parent / "docs" / "store.md").read_text()
+    queries = [q for block in re.findall(r"```sql\n(.*?)```", doc, re.S)
+               for q in block.split(";") if "SELECT" in q]
+    model = re.search(r"d\.model = '([^']+)'", doc).group(1)
+    with Store.open(store_url) as db:
+        db.put(a_record("S1", "1.0", model=model, started="2026-12-01T00:00:00+0000"))
+        db.put(a_record("S1", "1.1", reads=(0.5e9, 0.5e9, 0.5e9), model=model,
+                        started="2026-12-02T00:00:00+0000"))
+    first, second = (rows(store_url, q) for q in queries)
+    assert [(r[2], round(r[4], 2), r[5]) for r in first] == [("1.0", 5.0, "PASS"),
+                                                             ("1.1", 0.5, "FAIL")]
+    assert second == [("1.0", 1, 0), ("1.1", 1, 1)]
