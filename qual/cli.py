@@ -175,7 +175,16 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                                      "for a metric (inconclusive: repeat it).")
     cmp.add_argument("records", nargs="+", metavar="BASELINE... NEW",
                      help="the previous run records (qual-run.json files, or folders of "
-                          "them: runs of the old firmware), then the run record to judge")
+                          "them: runs of the old firmware), then the run record to judge; "
+                          "with --baseline, only the record to judge")
+    cmp.add_argument("--baseline", default=None, metavar="SELECTOR|PATH",
+                     help="the baseline from the results store: every run of a model and "
+                          "firmware ('model=X firmware=1.2'), of one drive ('serial=S'), or "
+                          "the newest N ('model=X last=N'), of NEW's profile unless "
+                          "'profile=P' (docs/store.md)")
+    cmp.add_argument("--store", default=None, metavar="URL|PATH",
+                     help="the store --baseline reads (default: $QUAL_STORE, else "
+                          "~/.local/share/qual/qual-store.sqlite)")
     cmp.add_argument("--all", action="store_true", dest="gate_all",
                      help="gate informational metrics too (default: those the profile judges "
                           "or gives a tolerance; the rest are shown)")
@@ -421,14 +430,32 @@ def cmd_compare(args) -> int:
         print(f"qual compare: error: {message}", file=sys.stderr)
         return Exit.USAGE
 
-    if len(args.records) < 2:
-        return fail("give the baseline run record(s), then the new one")
-    args.baseline, args.new = args.records[0], args.records[-1]
+    from qual import store
+
+    if args.baseline is not None and len(args.records) != 1:
+        return fail("with --baseline, give only the run record to judge")
+    if args.baseline is None and len(args.records) < 2:
+        return fail("give the baseline run record(s), then the new one (or --baseline)")
+    args.new = args.records[-1]
     try:
-        olds = [record.read_record(p) for p in record.record_paths(args.records[:-1])]
         new = record.read_record(args.new)
+        if args.baseline is not None:
+            base = store.baseline(args.baseline, args.store, profile=new["profile"].get("name"),
+                                  exclude=store.run_id_of(new))
+            olds, label, sources = base.records, base.label, [base.path]
+            # the store's baseline grows with every stored run; a file baseline is replaced
+            refresh = f"qual store import {args.new}" if store.is_selector(args.baseline) \
+                else f"cp {args.new} {args.baseline}"
+            args.baseline = base.path
+        else:
+            args.baseline = args.records[0]
+            sources = [str(p) for p in record.record_paths(args.records[:-1])]
+            olds = [record.read_record(p) for p in sources]
+            label = Path(args.baseline).name + (f" and {len(olds) - 1} more run(s)"
+                                                if len(olds) > 1 else "")
+            refresh = f"cp {args.new} {args.baseline}"
         tolerance = units.parse_quantity(args.tolerance, "ratio") if args.tolerance else None
-    except (ValueError, units.UnitError) as e:
+    except (ValueError, units.UnitError, store.StoreError) as e:
         return fail(str(e))
     old = olds[0]
     refused = sorted({r for o in olds for r in record.mismatches(
@@ -439,8 +466,6 @@ def cmd_compare(args) -> int:
     if refused:
         return fail("; ".join(refused) + " (--allow-other-drive / --allow-other-profile to "
                     "compare them anyway)")
-    label = Path(args.baseline).name + (f" and {len(olds) - 1} more run(s)" if len(olds) > 1
-                                        else "")
     rows, gone, added = record.compare_records(olds, new, old_label=label,
                                                default_tolerance=tolerance,
                                                gate_all=args.gate_all)
@@ -452,17 +477,18 @@ def cmd_compare(args) -> int:
     shown = [r for r in rows if not r.gated]
     if args.chart:
         Path(args.chart).write_bytes(report.baseline_chart(rows, f"{args.baseline} -> {args.new}"))
-    refresh = f"cp {args.new} {args.baseline}"
     if args.json:
         print(json.dumps({"baseline": args.baseline, "new": args.new,
-                          "baselines": [str(p) for p in args.records[:-1]],
+                          "baselines": sources,
                           "metrics": [r.as_dict() for r in rows], "regressed": len(regressed),
                           "improved": len(improved), "inconclusive": len(unsure),
                           "not_gated": len(shown), "only_in_baseline": gone,
                           "only_in_new": added, "refresh_baseline": refresh}, indent=2))
     else:
-        for label, path, doc in (("baseline", args.baseline, old), ("new", args.new, new)):
-            print(f"{label:8}  {path}: {report.run_label(doc)}")
+        pooled = f" (and {len(olds) - 1} more run(s), pooled)" if len(olds) > 1 else ""
+        for label, path, doc, more in (("baseline", args.baseline, old, pooled),
+                                       ("new", args.new, new, "")):
+            print(f"{label:8}  {path}: {report.run_label(doc)}{more}")
         for line in report.table_lines(report.comparison_rows(rows),
                                        header=report.COMPARISON_HEADER):
             print(line)

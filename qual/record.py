@@ -107,17 +107,25 @@ def mismatches(old: dict, *, model: str | None, profile: str) -> list[str]:
 
 class Baseline:
     """Previous run records to gate against (firmware CI): one, or several runs of the old
-    firmware whose repetitions pool into the baseline's distribution."""
+    firmware whose repetitions pool into the baseline's distribution. `path` says where they
+    came from (the first record file, or the store and its selector), `label` names them in
+    the gate's lines."""
 
-    def __init__(self, path: str | Path | list):
-        paths = record_paths([str(p) for p in (path if isinstance(path, list) else [path])])
-        self.path = paths[0]
-        self.records = [read_record(p) for p in paths]
+    def __init__(self, records: list[dict], path: str, name: str):
+        if not records:
+            raise ValueError(f"{path}: no run to gate against")
+        self.path, self.records = path, records
         self.data = self.records[0]
         self.values = pooled(self.records)
         fw = (self.data.get("target", {}).get("identity") or {}).get("firmware")
-        self.label = f"{self.path.name}" + (f" fw {fw}" if fw else "") + \
-            (f" and {len(paths) - 1} more run(s)" if len(paths) > 1 else "")
+        self.label = name + (f" fw {fw}" if fw else "") + \
+            (f" and {len(records) - 1} more run(s)" if len(records) > 1 else "")
+
+    @classmethod
+    def from_paths(cls, path: str | Path | list) -> Baseline:
+        """The records at a path, or several (files, or folders of them)."""
+        paths = record_paths([str(p) for p in (path if isinstance(path, list) else [path])])
+        return cls([read_record(p) for p in paths], str(paths[0]), paths[0].name)
 
     def compare(self, m: Measurement, tolerance: float) -> Regression | None:
         old = self.values.get(m.id)

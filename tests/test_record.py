@@ -16,7 +16,7 @@ def baseline_file(tmp_path, measurements):
            "tests": [{"measurements": [m.as_dict() for m in measurements]}]}
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
-    return Baseline(path)
+    return Baseline.from_paths(path)
 
 
 def test_change_is_signed_by_the_metric_s_direction(tmp_path):
@@ -49,7 +49,7 @@ def test_a_file_that_is_not_a_run_record_is_refused(tmp_path):
     path = tmp_path / "x.json"
     path.write_text('{"hello": 1}')
     with pytest.raises(ValueError, match="not a qual run record"):
-        Baseline(path)
+        Baseline.from_paths(path)
 
 
 def test_verdict_of_a_run():

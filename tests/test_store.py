@@ -249,3 +249,81 @@ def test_the_documented_queries_run_on_both_databases(store_url):
     assert [(r[2], round(r[4], 2), r[5]) for r in first] == [("1.0", 5.0, "PASS"),
                                                              ("1.1", 0.5, "FAIL")]
     assert second == [("1.0", 1, 0), ("1.1", 1, 1)]
+
+
+def test_a_selector_picks_a_model_s_firmware_one_drive_or_the_newest_runs(store_url):
+    made = {}
+    with Store.open(store_url) as db:
+        for day, (serial, fw) in enumerate([("S1", "1.0"), ("S2", "1.0"), ("S1", "1.1"),
+                                            ("S3", "1.0")], start=1):
+            record = a_record(serial, fw, started=f"2026-12-0{day}T00:00:00+0000")
+            db.put(record)
+            made[(serial, fw)] = record["run_id"]
+        db.put(a_record("S9", "1.0", model="OTHER"))
+        db.put(a_record("S1", "1.0", profile="nvme-rig"))
+
+        def picked(text: str, **kw) -> list[str]:
+            return [r["run_id"] for r in db.select(store.parse_selector(text), **kw)]
+
+        # newest first; of the profile asked for (a profile= in the selector wins)
+        assert picked(f"model='{MODEL}' firmware=1.0", profile="ci") == \
+            [made["S3", "1.0"], made["S2", "1.0"], made["S1", "1.0"]]
+        assert picked("serial=S1", profile="ci") == [made["S1", "1.1"], made["S1", "1.0"]]
+        assert picked(f"model='{MODEL}' last=2", profile="ci") == \
+            [made["S3", "1.0"], made["S1", "1.1"]]
+        assert len(picked("serial=S1 profile=nvme-rig", profile="ci")) == 1
+        assert picked("serial=S1", profile="ci", exclude=made["S1", "1.1"]) == \
+            [made["S1", "1.0"]]
+    for bad, why in (("firmware=1.0", "name the drives"), ("model=X colour=red", "not one of"),
+                     ("model=X last=0", "a count of runs"), ("model='X", "quotation"),
+                     ("model=X model=Y", "given twice")):
+        with pytest.raises(ValueError, match=why):
+            store.parse_selector(bad)
+
+
+def test_the_gate_pools_its_baseline_from_the_store(store_url, tmp_path):
+    """`qual compare --store … --baseline 'model=X firmware=1.0' NEW`: every run of the old
+    firmware pooled (their repetitions together), the same three answers as with files."""
+    with Store.open(store_url) as db:
+        for serial, reads in (("S1", (5.0e9, 5.1e9, 4.9e9)), ("S2", (5.05e9, 4.95e9, 5.0e9)),
+                              ("S3", (5.1e9, 5.0e9, 4.9e9))):
+            db.put(a_record(serial, "1.0", reads))
+    slower = tmp_path / "slower.json"
+    write_record(slower, a_record("S1", "1.1", (4.0e9, 4.05e9, 3.95e9)))
+    same = tmp_path / "same.json"
+    write_record(same, a_record("S1", "1.1", (5.0e9, 5.05e9, 4.95e9)))
+    selector = f"model='{MODEL}' firmware=1.0"
+    proc = qual("compare", "--store", store_url, "--baseline", selector, str(slower), "--json",
+                cwd=tmp_path, timeout=120)
+    assert proc.returncode == Exit.FAIL, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    (bw,) = [m for m in doc["metrics"] if m["id"].startswith("seq_read_bw")]
+    assert bw["answer"] == "regressed" and bw["repetitions"] == [3, 9]  # three runs pooled
+    assert bw["baseline"] == pytest.approx(5.0e9)
+    assert doc["refresh_baseline"] == f"qual store import {slower}"
+    proc = qual("compare", "--store", store_url, "--baseline", selector, str(same),
+                cwd=tmp_path, timeout=120)
+    assert proc.returncode in (Exit.PASS, Exit.INCONCLUSIVE), proc.stdout + proc.stderr
+    assert f"{selector}: model {MODEL}" in proc.stdout and "and 2 more run(s)" in proc.stdout
+    proc = qual("compare", "--store", store_url, "--baseline", "model=NOTHING", str(same),
+                cwd=tmp_path, timeout=120)
+    assert proc.returncode == Exit.USAGE and "no run of profile ci" in proc.stderr
+
+
+def test_a_run_gates_against_the_store_s_runs_of_its_drive(tmp_path, store_url):
+    """`qual run --store … --qual-baseline serial=S`: the baseline is the store's runs of that
+    drive; the record says where it came from and holds the gate's answers."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    run = ("run", "--profile", str(TINY_PROFILE), "--target", str(tmp_path / "t.dat"),
+           "--store", store_url, "-k", "test_cell")
+    proc = qual(*run, "--results", str(first), cwd=tmp_path, timeout=300)
+    assert proc.returncode == Exit.PASS, proc.stdout[-3000:]
+    serial = load_record(first)["target"]["identity"]["serial"]
+    proc = qual(*run, "--results", str(second), f"--qual-baseline=serial='{serial}'",
+                cwd=tmp_path, timeout=300)
+    assert proc.returncode in (Exit.PASS, Exit.INCONCLUSIVE, Exit.IMPROVED, Exit.FAIL), \
+        proc.stdout[-3000:]
+    record = load_record(second)
+    assert record["baseline"].endswith(f"serial='{serial}'")
+    gated = [r for t in record["tests"] for r in t["regressions"]]
+    assert gated and all(f"[baseline: store serial='{serial}'" in r["line"] for r in gated)

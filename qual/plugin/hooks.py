@@ -51,10 +51,11 @@ def pytest_addoption(parser):
                 help="the results store each drive's record also goes to as the run ends: an "
                      "SQLite file or postgresql://USER@HOST:PORT/DB (default: $QUAL_STORE, "
                      "else ~/.local/share/qual/qual-store.sqlite); off: none")
-    g.addoption("--qual-baseline", action="append", default=None, metavar="FILE|DIR",
-                help="a previous qual-run.json, or a folder of runs of the old firmware (their "
-                     "repetitions pooled): a regression beyond the profile's tolerance fails "
-                     "(one per --qual-target, in the same order)")
+    g.addoption("--qual-baseline", action="append", default=None, metavar="FILE|DIR|SELECTOR",
+                help="a previous qual-run.json, a folder of runs of the old firmware, or the "
+                     "store's runs a selector picks ('model=X firmware=1.2', 'serial=S', "
+                     "'last=N'; docs/store.md), their repetitions pooled: a regression beyond "
+                     "the profile's tolerance fails (one per --qual-target, in the same order)")
     g.addoption("--qual-baseline-any", action="store_true",
                 help="gate against a baseline of another drive model or profile")
     g.addoption("--qual-allow-destructive", action="store_true",

@@ -98,9 +98,10 @@ class QualSession:
             raise pytest.UsageError(f"--qual-baseline: give one per --qual-target ({len(specs)}),"
                                     f" in the same order; got {len(paths)}")
         for spec, path in zip(specs, paths):
-            try:
-                self.baselines[spec] = Baseline(path)
-            except ValueError as e:
+            try:  # record files, or the store's runs a selector picks (before any I/O)
+                self.baselines[spec] = store.baseline(path, opt.qual_store,
+                                                      profile=self.profile.name)
+            except (ValueError, store.StoreError) as e:
                 raise pytest.UsageError(f"--qual-baseline: {e}") from None
             theirs = self.baselines[spec].data.get("profile", {}).get("name")
             if theirs != self.profile.name and not opt.qual_baseline_any:

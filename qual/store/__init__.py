@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +24,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from qual.measurement import is_final, repetitions_of
-from qual.record import check_record, read_record, record_paths
+from qual.record import Baseline, check_record, read_record, record_paths
 from qual.store.schema import drives, measurements, metadata, runs
 
 ENV = "QUAL_STORE"
@@ -306,11 +307,80 @@ class Store:
 
     # ---- reading
 
+    def select(self, where: dict, *, profile: str | None = None,
+               exclude: str | None = None) -> list[dict]:
+        """The records of the runs a parsed selector picks (newest first; `last` of them), of
+        its profile or else `profile`, never the run `exclude`."""
+        q = select(runs.c.record).join(drives, drives.c.id == runs.c.drive_id)
+        for key in ("model", "serial", "firmware"):
+            if key in where:
+                q = q.where(drives.c[key] == where[key])
+        if where.get("rig"):
+            q = q.where(runs.c.rig == where["rig"])
+        if where.get("profile", profile):
+            q = q.where(runs.c.profile == where.get("profile", profile))
+        if exclude:
+            q = q.where(runs.c.id != exclude)
+        q = q.order_by(runs.c.started.desc(), runs.c.id)
+        if where.get("last"):
+            q = q.limit(where["last"])
+        with self.engine.connect() as c:
+            return [r for (r,) in c.execute(q)]
+
     def counts(self) -> dict[str, int]:
         """How many rows each table holds."""
         with self.engine.connect() as c:
             return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()
                     for t in (drives, runs, measurements)}
+
+
+SELECTS = ("model", "serial", "firmware", "profile", "rig", "last")
+
+
+def parse_selector(text: str) -> dict[str, str | int]:
+    """`model=X firmware=1.2` (shell quoting for spaces: `model='SAMSUNG MZ…'`), `serial=S`,
+    `last=N`, with `profile=` and `rig=`: ValueError naming what is wrong."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise ValueError(f"baseline {text!r}: {e}") from None
+    out: dict[str, str | int] = {}
+    for word in words:
+        key, eq, value = word.partition("=")
+        if not eq or key not in SELECTS or not value:
+            raise ValueError(f"baseline {text!r}: {word!r} is not one of "
+                             f"{', '.join(k + '=…' for k in SELECTS)}")
+        if key in out:
+            raise ValueError(f"baseline {text!r}: {key} given twice")
+        out[key] = value
+    if not out.keys() & {"model", "serial"}:
+        raise ValueError(f"baseline {text!r}: name the drives: model=…, serial=… or both")
+    if "last" in out:
+        if not str(out["last"]).isdigit() or int(out["last"]) < 1:
+            raise ValueError(f"baseline {text!r}: last= takes a count of runs (1 or more)")
+        out["last"] = int(out["last"])
+    return out
+
+
+def is_selector(given: str) -> bool:
+    """A --baseline that selects runs from the store rather than naming record files."""
+    return "=" in given and not Path(given).exists()
+
+
+def baseline(given: str, store: str | None, *, profile: str | None,
+             exclude: str | None = None) -> Baseline:
+    """The baseline a --baseline names: record files or folders, or the runs of the store that
+    a selector picks (of `profile` unless it names one; never the run `exclude`)."""
+    if not is_selector(given):
+        return Baseline.from_paths(given)
+    where = parse_selector(given)
+    with Store.open(store) as db:
+        records = db.select(where, profile=profile, exclude=exclude)
+        name = f"store {given}"
+        if not records:
+            raise ValueError(f"{name}: no run of profile {where.get('profile', profile)} in "
+                             f"{shown(db.url)} matches")
+    return Baseline(records, f"{shown(db.url)} {given}", name)
 
 
 def store_record(record: dict, given: str | None = None) -> str:
@@ -338,5 +408,5 @@ def _reason(e: Exception) -> str:
     return str(e)
 
 
-__all__ = ["ENV", "Store", "StoreError", "default_path", "metadata",
+__all__ = ["ENV", "Baseline", "Store", "StoreError", "default_path", "metadata",
            "store_record", "url_of"]
