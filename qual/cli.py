@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qual import command, engine, record, report, shipped, units, watchdog
+from qual import command, engine, record, report, shipped, thresholds, units, watchdog
 from qual.exits import Exit, help_text
 from qual.engine import QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
@@ -199,6 +199,25 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     cmp.add_argument("--chart", default=None, metavar="PNG", help="write a before/after chart")
     cmp.add_argument("--json", action="store_true", help="print a JSON document")
 
+    acc = sub.add_parser("accept", help="accept or reject a drive model over its drives (the "
+                                        "store's latest run of each)",
+                         description="Acceptance on a population (docs/store.md): each drive's "
+                                     "latest run of the profile, of the model at the firmware, "
+                                     "from the store. Per judged figure: the drives' median, MAD "
+                                     "and spread (coefficient of variation), and each drive's "
+                                     "robust z-score, judged by the profile's [population] "
+                                     "table. Exit 0: ACCEPT; 1: REJECT (a drive failed, an "
+                                     "outlier, a spread too wide); 2: bad options or no store; "
+                                     "6: INCOMPLETE (too few drives, or a run that decided "
+                                     "nothing).")
+    acc.add_argument("--model", required=True, help="the drive model, as the drives report it")
+    acc.add_argument("--firmware", required=True, help="the firmware revision")
+    acc.add_argument("--profile", required=True, help="profile name or .toml path: its "
+                                                      "criteria and [population] rules")
+    acc.add_argument("--store", default=None, metavar="URL|PATH",
+                     help="default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite")
+    acc.add_argument("--json", action="store_true", help="print a JSON document")
+
     st = sub.add_parser("store", help="the results store: import run records, say where it is",
                         description="Every qual run stores each drive's record in the results "
                                     "store as it ends (docs/store.md). Exit 0: done; 1: the "
@@ -255,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_clean(args, families)
         if args.command == "store":
             return cmd_store(args)
+        if args.command == "accept":
+            return cmd_accept(args, families)
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
         return Exit.FAIL
@@ -510,6 +531,30 @@ def cmd_compare(args) -> int:
     if unsure:
         return Exit.INCONCLUSIVE
     return Exit.IMPROVED if improved and not args.accept_improvements else Exit.PASS
+
+
+def cmd_accept(args, families: dict) -> int:
+    from qual import accept, store
+
+    try:
+        profile = thresholds.load_profile(args.profile, families)
+        with store.Store.open(args.store) as db:
+            answer = accept.accept(db, args.model, args.firmware, profile)
+    except thresholds.ProfileError as e:
+        print(f"qual accept: error: --profile {args.profile}:\n{e}", file=sys.stderr)
+        return Exit.USAGE
+    except store.StoreError as e:
+        print(f"qual accept: error: {e}", file=sys.stderr)
+        return Exit.USAGE
+    if not answer.drives:
+        print(f"qual accept: error: no run of profile {profile.name} in the store is of model "
+              f"{args.model!r} at firmware {args.firmware!r}", file=sys.stderr)
+        return Exit.USAGE
+    if args.json:
+        print(json.dumps(answer.as_dict(), indent=2))
+    else:
+        print("\n".join(accept.lines(answer)))
+    return answer.exit_status()
 
 
 def cmd_store(args) -> int:

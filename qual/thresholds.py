@@ -87,6 +87,28 @@ def resolve_profile(spec: str | Path, relative_to: Path | None = None) -> Path:
 
 
 @dataclass(frozen=True)
+class Population:
+    """A profile's [population] table: how `qual accept` judges a drive model over its drives
+    (docs/store.md): at least `min_drives` drives; each judged figure's coefficient of
+    variation over them at most `max_spread` (or its own, `spreads[id]`); a drive whose robust
+    z-score on a figure is beyond `outlier_z` and which differs from the drives' median by more
+    than `min_deviation` is an outlier (the second condition keeps a tight population's tiny
+    MAD from calling noise an outlier)."""
+
+    min_drives: int = 3
+    max_spread: float = 0.10
+    outlier_z: float = 3.5
+    min_deviation: float = 0.05
+    spreads: dict = field(default_factory=dict)
+
+    def spread_for(self, measurement: str) -> float:
+        return self.spreads.get(measurement, self.max_spread)
+
+
+POPULATION_KEYS = ("min_drives", "max_spread", "outlier_z", "min_deviation", "spreads")
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     path: Path
@@ -106,6 +128,7 @@ class Profile:
     repeats: int = 1  # repetitions of every judged figure (interleaved), judged by their median
     straddle: str = "caveat"  # a failing median whose interval holds the bound: FAIL with a
     #                           CAVEAT, or (a pipeline gate on a shared host) INCONCLUSIVE
+    population: Population = field(default_factory=Population)  # qual accept's rules
 
     @property
     def gated_severities(self) -> tuple[str, ...]:
@@ -141,8 +164,10 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
     info = {}
     tables: dict[str, dict] = {}
     criteria: dict[tuple, Criterion] = {}
+    population: dict = {}
     for doc in reversed(chain):  # parent first, child overrides
         info.update(doc["profile"])
+        population.update(doc["population"])
         for family, table in doc["tables"].items():
             tables[family] = _merge(tables.get(family, {}), table)
         for c in doc["criteria"]:
@@ -164,6 +189,11 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
             problems.append((c.file, c.origin.split(":", 1)[1],
                              f"{c.id} is not measured with the [{c.family}] parameters of "
                              f"{label}{inherited}: check its block sizes, depths, patterns"))
+    judged = {c.id for c in criteria.values()}
+    for mid in population.get("spreads", {}):
+        if mid not in judged:
+            problems.append((label, f"population.spreads.{mid}", f"{mid} is not a figure this "
+                                                                 "profile judges"))
     if problems:
         raise ProfileError(problems)
     digest = hashlib.sha256(b"".join(d["raw"] for d in chain)).hexdigest()[:16]
@@ -177,7 +207,7 @@ def load_profile(spec: str | Path, families: dict[str, Family]) -> Profile:
                    filesystem=info.get("filesystem", "ext4"),
                    filesystem_options=info.get("filesystem_options"),
                    fit=info.get("fit", False), repeats=info.get("repeats", 1),
-                   straddle=info.get("straddle", "caveat"))
+                   straddle=info.get("straddle", "caveat"), population=Population(**population))
 
 
 def family_table(fam: Family, given: dict, *, base: dict | None = None,
@@ -216,7 +246,8 @@ def _load_chain(path: Path, families: dict[str, Family], problems, seen: list[Pa
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         problems.append((label, "toml", str(e)))
         return []
-    doc = {"path": path, "label": label, "raw": raw, "profile": {}, "tables": {}, "criteria": []}
+    doc = {"path": path, "label": label, "raw": raw, "profile": {}, "tables": {}, "criteria": [],
+           "population": {}}
     _parse_document(data, families, doc, problems)
     chain = [doc]
     parent = doc["profile"].pop("extends", None)
@@ -236,6 +267,8 @@ def _parse_document(data: dict, families: dict[str, Family], doc: dict, problems
     for key, value in data.items():
         if key == "profile":
             doc["profile"] = _parse_profile_table(value, label, problems)
+        elif key == "population":
+            doc["population"] = _parse_population(value, label, problems)
         elif key in families:
             if not isinstance(value, dict):
                 problems.append((label, key, "must be a table"))
@@ -258,10 +291,44 @@ def _parse_document(data: dict, families: dict[str, Family], doc: dict, problems
                     seen[c.id] = where
                     doc["criteria"].append(c)
         else:
-            known = ", ".join(["profile", *families])
+            known = ", ".join(["profile", "population", *families])
             problems.append((label, key, f"unknown table (known: {known})"))
     if "profile" not in data:
         problems.append((label, "profile", "missing [profile] table"))
+
+
+def _parse_population(value, label, problems) -> dict:
+    if not isinstance(value, dict):
+        problems.append((label, "population", "must be a table"))
+        return {}
+    out = {}
+    for key, v in value.items():
+        where = f"population.{key}"
+        if key not in POPULATION_KEYS:
+            problems.append((label, where, unknown_key(key, POPULATION_KEYS)))
+        elif key == "min_drives":
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10000:
+                problems.append((label, where, f"{v!r} is not a count of drives (1 or more)"))
+            else:
+                out[key] = v
+        elif key == "outlier_z":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 100:
+                problems.append((label, where, f"{v!r} is not a robust z-score bound (e.g. "
+                                               "3.5)"))
+            else:
+                out[key] = float(v)
+        elif key == "spreads":
+            if not isinstance(v, dict):
+                problems.append((label, where, "must be a table of measurement id = ratio, "
+                                               "e.g. { \"seq_read_bw[bs=1M,qd=16]\" = \"5 %\" }"))
+                continue
+            spreads = {mid: _ratio(r, label, f"{where}.{mid}", problems) for mid, r in v.items()}
+            out[key] = {mid: r for mid, r in spreads.items() if r is not None}
+        else:  # max_spread, min_deviation
+            r = _ratio(v, label, where, problems)
+            if r is not None:
+                out[key] = r
+    return out
 
 
 def _parse_profile_table(value, label, problems) -> dict:

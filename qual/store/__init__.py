@@ -327,6 +327,35 @@ class Store:
         with self.engine.connect() as c:
             return [r for (r,) in c.execute(q)]
 
+    def latest_runs(self, model: str, firmware: str, profile: str) -> list[dict]:
+        """Each drive's latest run of a profile, of a model at a firmware (by serial)."""
+        q = (select(drives.c.serial, runs.c.id, runs.c.started, runs.c.rig, runs.c.verdict)
+             .join(drives, drives.c.id == runs.c.drive_id)
+             .where(drives.c.model == model, drives.c.firmware == firmware,
+                    runs.c.profile == profile)
+             .order_by(drives.c.serial, runs.c.started.desc(), runs.c.id.desc()))
+        out: dict[str, dict] = {}
+        with self.engine.connect() as c:
+            for serial, run_id, started, rig, verdict in c.execute(q):
+                out.setdefault(serial, {"serial": serial, "run_id": run_id,
+                                        "started": started.strftime("%Y-%m-%d %H:%M:%S"),
+                                        "rig": rig, "verdict": verdict})
+        return list(out.values())
+
+    def values(self, run_ids: list[str], ids: list[str]) -> dict[str, dict[str, tuple]]:
+        """The stored value and unit of each measurement id of each run:
+        {run: {id: (value, unit)}}."""
+        out: dict[str, dict[str, tuple]] = {}
+        if not run_ids or not ids:
+            return out
+        q = (select(measurements.c.run_id, measurements.c.measurement, measurements.c.value,
+                    measurements.c.unit)
+             .where(measurements.c.run_id.in_(run_ids), measurements.c.measurement.in_(ids)))
+        with self.engine.connect() as c:
+            for run_id, mid, value, unit in c.execute(q):
+                out.setdefault(run_id, {})[mid] = (value, unit)
+        return out
+
     def counts(self) -> dict[str, int]:
         """How many rows each table holds."""
         with self.engine.connect() as c:

@@ -1,0 +1,128 @@
+"""Acceptance on a population (qual accept, qual.accept): a drive model's drives from the
+store, on SQLite and on a real PostgreSQL server. An outlier among passing drives is named and
+no other; the model is accepted once it is run again in line; too few drives decide nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_store import MODEL, a_record
+from testbed import qual
+
+from qual.exits import Exit
+from qual.store import Store
+from qual.thresholds import ProfileError, load_profile
+from qual.workloads import registry
+
+SEQ = "seq_read_bw[bs=1M,qd=16]"
+LAT = "rand_read_lat[bs=4K,qd=1,pct=99]"
+# four drives of one model read within 2 % of each other, each run three times
+SIBLINGS = {"S1": (5.00e9, 5.08e9, 4.93e9), "S2": (5.05e9, 4.96e9, 5.02e9),
+            "S3": (4.97e9, 5.04e9, 4.99e9), "S4": (5.06e9, 5.01e9, 4.95e9)}
+
+
+def profile(tmp_path, population: str = "min_drives = 4") -> str:
+    path = tmp_path / "acceptance.toml"  # the profile the drives ran
+    path.write_text(f'[profile]\nextends = "ci"\ndescription = "a vendor acceptance"\n\n'
+                    f"[population]\n{population}\n")
+    return str(path)
+
+
+def store_drives(url: str, reads: dict, firmware: str = "2.1", day: int = 1) -> None:
+    with Store.open(url) as db:
+        for serial, r in reads.items():
+            db.put(a_record(serial, firmware, r, started=f"2026-12-0{day}T00:00:00+0000",
+                            profile="acceptance"))
+
+
+def accept(url: str, tmp_path, prof: str, firmware: str = "2.1") -> tuple[int, dict]:
+    proc = qual("accept", "--store", url, "--model", MODEL, "--firmware", firmware,
+                "--profile", prof, "--json", cwd=tmp_path, timeout=120)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_an_outlier_among_passing_drives_is_rejected_by_name_then_accepted_in_line(
+        store_url, tmp_path):
+    prof = profile(tmp_path)
+    slow = {**SIBLINGS, "S3": (3.00e9, 3.04e9, 2.97e9)}  # 60 % of its siblings' reads
+    store_drives(store_url, slow)
+    code, doc = accept(store_url, tmp_path, prof)
+    assert code == Exit.FAIL and doc["answer"] == "REJECT"
+    assert all(d["verdict"] == "PASS" for d in doc["drives"])  # each passed its own bounds
+    figures = {f["id"]: f for f in doc["figures"]}
+    assert figures[SEQ]["outliers"] == ["S3"] and figures[LAT]["outliers"] == []
+    assert figures[SEQ]["median"] == pytest.approx(5.0e9, rel=0.01)
+    assert [r for r in doc["reasons"] if "outlier" in r] == [
+        r for r in doc["reasons"] if r.startswith("drive S3 is an outlier on " + SEQ)]
+    # S3 run again, in line with its siblings: its latest run is the one judged
+    store_drives(store_url, {"S3": SIBLINGS["S3"]}, day=2)
+    code, doc = accept(store_url, tmp_path, prof)
+    assert (code, doc["answer"], doc["reasons"]) == (Exit.PASS, "ACCEPT", [])
+    (s3,) = [d for d in doc["drives"] if d["serial"] == "S3"]
+    assert s3["started"].startswith("2026-12-02")
+    proc = qual("accept", "--store", store_url, "--model", MODEL, "--firmware", "2.1",
+                "--profile", prof, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "verdict: ACCEPT"
+
+
+def test_a_drive_that_failed_rejects_the_model(store_url, tmp_path):
+    store_drives(store_url, {**SIBLINGS, "S2": (0.5e9, 0.5e9, 0.5e9)})  # below ci's floor
+    code, doc = accept(store_url, tmp_path, profile(tmp_path))
+    assert code == Exit.FAIL
+    assert any(r.startswith("drive S2 failed: its run") and r.endswith("is FAIL")
+               for r in doc["reasons"])
+
+
+def test_too_few_drives_decide_nothing(store_url, tmp_path):
+    store_drives(store_url, {s: SIBLINGS[s] for s in ("S1", "S2", "S3")})
+    code, doc = accept(store_url, tmp_path, profile(tmp_path))
+    assert (code, doc["answer"]) == (Exit.INCOMPLETE, "INCOMPLETE")
+    assert "the profile asks for at least 4" in doc["reasons"][-1]
+
+
+def test_a_tight_population_s_noise_is_no_outlier(store_url, tmp_path):
+    """Drives 0.2 % apart but one 1.5 % off: its z-score is large (the MAD is tiny), yet it
+    is within min_deviation of the median, so it is no outlier."""
+    tight = {"S1": (5.000e9,) * 3, "S2": (5.010e9,) * 3, "S3": (4.995e9,) * 3,
+             "S4": (5.075e9,) * 3}
+    store_drives(store_url, tight)
+    code, doc = accept(store_url, tmp_path, profile(tmp_path))
+    (seq,) = [f for f in doc["figures"] if f["id"] == SEQ]
+    assert abs(seq["z"]["S4"]) > 3.5 and seq["outliers"] == []
+    assert code == Exit.PASS
+    code, doc = accept(store_url, tmp_path, profile(tmp_path, 'min_drives = 4\n'
+                                                              'min_deviation = "1 %"'))
+    assert code == Exit.FAIL and [f["outliers"] for f in doc["figures"] if f["id"] == SEQ] == \
+        [["S4"]]
+
+
+def test_a_spread_beyond_its_bound_rejects(store_url, tmp_path):
+    store_drives(store_url, SIBLINGS)
+    rules = f'min_drives = 4\nspreads = {{ "{SEQ}" = "0.1 %" }}'
+    code, doc = accept(store_url, tmp_path, profile(tmp_path, rules))
+    assert code == Exit.FAIL
+    assert [r for r in doc["reasons"] if "spread" in r] == [
+        f"{SEQ}: spread {next(f['cv'] for f in doc['figures'] if f['id'] == SEQ) * 100:.1f} % "
+        "over 4 drives, beyond its max_spread 0.1 %"]
+
+
+@pytest.mark.parametrize("rules, problem", [
+    ("min_drives = 0", "not a count of drives"),
+    ("outlier_z = -1", "not a robust z-score bound"),
+    ("max_spread = \"many\"", "many"),
+    ("colour = 1", "unknown"),
+    ('spreads = { "seq_write_bw[bs=9M,qd=1]" = "5 %" }', "not a figure this profile judges"),
+])
+def test_a_population_table_is_checked_like_the_rest(tmp_path, rules, problem):
+    with pytest.raises(ProfileError, match=problem):
+        load_profile(profile(tmp_path, rules), registry())
+
+
+def test_no_run_of_the_model_is_a_usage_error(store_url, tmp_path):
+    store_drives(store_url, SIBLINGS)
+    proc = qual("accept", "--store", store_url, "--model", "NOTHING", "--firmware", "2.1",
+                "--profile", "ci", cwd=tmp_path, timeout=120)
+    assert proc.returncode == Exit.USAGE and "no run of profile ci in the store is of model " \
+        "'NOTHING'" in proc.stderr
