@@ -218,6 +218,21 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                      help="default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite")
     acc.add_argument("--json", action="store_true", help="print a JSON document")
 
+    hist = sub.add_parser("history", help="how a drive model's figures moved over firmware "
+                                          "versions and time (from the store)",
+                          description="Per figure and firmware: runs, drives, the median, the "
+                                      "first and last run; and a PNG chart per figure (a point "
+                                      "per drive and run, each firmware's median line). Exit 0; "
+                                      "2: bad options, no store, or no run of the model.")
+    hist.add_argument("--model", required=True, help="the drive model, as the drives report it")
+    hist.add_argument("--metric", default=None, help="one metric (e.g. seq_read_bw; default all)")
+    hist.add_argument("--profile", default=None, help="only runs of this profile name")
+    hist.add_argument("--charts", default="qual-history", metavar="DIR",
+                      help="where the charts go, one PNG per figure (default qual-history)")
+    hist.add_argument("--store", default=None, metavar="URL|PATH",
+                      help="default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite")
+    hist.add_argument("--json", action="store_true", help="print a JSON document")
+
     st = sub.add_parser("store", help="the results store: import run records, say where it is",
                         description="Every qual run stores each drive's record in the results "
                                     "store as it ends (docs/store.md). Exit 0: done; 1: the "
@@ -276,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_store(args)
         if args.command == "accept":
             return cmd_accept(args, families)
+        if args.command == "history":
+            return cmd_history(args)
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
         return Exit.FAIL
@@ -555,6 +572,38 @@ def cmd_accept(args, families: dict) -> int:
     else:
         print("\n".join(accept.lines(answer)))
     return answer.exit_status()
+
+
+def cmd_history(args) -> int:
+    import re
+
+    from qual import history, store
+
+    try:
+        with store.Store.open(args.store) as db:
+            points = db.history(args.model, metric=args.metric, profile=args.profile)
+    except store.StoreError as e:
+        print(f"qual history: error: {e}", file=sys.stderr)
+        return Exit.USAGE
+    if not points:
+        print(f"qual history: error: no stored run of model {args.model!r}" +
+              (f" measured {args.metric}" if args.metric else "") +
+              (f" with profile {args.profile}" if args.profile else ""), file=sys.stderr)
+        return Exit.USAGE
+    out = Path(args.charts)
+    out.mkdir(parents=True, exist_ok=True)
+    charts = []
+    for figure, firmwares in history.by_figure(points).items():
+        path = out / (re.sub(r"[^\w.=,-]+", "_", figure).strip("_") + ".png")
+        path.write_bytes(history.chart(args.model, figure, firmwares))
+        charts.append(str(path))
+    if args.json:
+        print(json.dumps({"model": args.model, "figures": history.rows(points),
+                          "charts": charts}, indent=2))
+    else:
+        print("\n".join(history.lines(args.model, points)))
+        print(f"{len(charts)} chart(s) in {out}/")
+    return Exit.PASS
 
 
 def cmd_store(args) -> int:

@@ -5,6 +5,7 @@ no other; the model is accepted once it is run again in line; too few drives dec
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_store import MODEL, a_record
@@ -126,3 +127,30 @@ def test_no_run_of_the_model_is_a_usage_error(store_url, tmp_path):
                 "--profile", "ci", cwd=tmp_path, timeout=120)
     assert proc.returncode == Exit.USAGE and "no run of profile ci in the store is of model " \
         "'NOTHING'" in proc.stderr
+
+
+def test_history_shows_each_firmware_s_median_and_charts_every_figure(store_url, tmp_path):
+    store_drives(store_url, SIBLINGS, firmware="2.0", day=1)
+    slower = {s: tuple(v * 0.8 for v in r) for s, r in SIBLINGS.items()}
+    store_drives(store_url, {s: slower[s] for s in ("S1", "S2")}, firmware="2.1", day=2)
+    charts = tmp_path / "charts"
+    proc = qual("history", "--store", store_url, "--model", MODEL, "--metric", "seq_read_bw",
+                "--charts", str(charts), "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    rows = {r["firmware"]: r for r in doc["figures"]}
+    assert list(rows) == ["2.0", "2.1"] and {r["figure"] for r in doc["figures"]} == {SEQ}
+    assert (rows["2.0"]["runs"], rows["2.0"]["drives"]) == (4, 4)
+    assert (rows["2.1"]["runs"], rows["2.1"]["drives"]) == (2, 2)
+    assert rows["2.0"]["median"] == pytest.approx(5.005e9, rel=1e-3)
+    assert rows["2.1"]["median"] == pytest.approx(0.8 * 5.01e9, rel=2e-3)
+    (chart,) = doc["charts"]
+    assert Path(chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    proc = qual("history", "--store", store_url, "--model", MODEL, "--charts", str(charts),
+                cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "2 chart(s)" in proc.stdout  # every figure: read, latency
+    assert sorted(p.name for p in charts.iterdir()) == [
+        "rand_read_lat_bs=4K,qd=1,pct=99.png", "seq_read_bw_bs=1M,qd=16.png"]
+    proc = qual("history", "--store", store_url, "--model", "NOTHING", "--charts",
+                str(charts), cwd=tmp_path, timeout=120)
+    assert proc.returncode == Exit.USAGE and "no stored run of model 'NOTHING'" in proc.stderr

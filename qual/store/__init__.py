@@ -342,6 +342,25 @@ class Store:
                                         "rig": rig, "verdict": verdict})
         return list(out.values())
 
+    def history(self, model: str, *, metric: str | None = None,
+                profile: str | None = None) -> list[dict]:
+        """Every stored final figure of a model's runs (of one metric, one profile), oldest
+        first: measurement, unit, firmware, serial, rig, run, started (UTC), value."""
+        q = (select(measurements.c.measurement, measurements.c.unit, drives.c.firmware,
+                    drives.c.serial, runs.c.rig, runs.c.id, runs.c.started,
+                    measurements.c.value)
+             .join(runs, runs.c.id == measurements.c.run_id)
+             .join(drives, drives.c.id == runs.c.drive_id)
+             .where(drives.c.model == model)
+             .order_by(runs.c.started, runs.c.id))
+        if metric:
+            q = q.where(measurements.c.metric == metric)
+        if profile:
+            q = q.where(runs.c.profile == profile)
+        keys = ("measurement", "unit", "firmware", "serial", "rig", "run_id", "started", "value")
+        with self.engine.connect() as c:
+            return [dict(zip(keys, row)) for row in c.execute(q)]
+
     def values(self, run_ids: list[str], ids: list[str]) -> dict[str, dict[str, tuple]]:
         """The stored value and unit of each measurement id of each run:
         {run: {id: (value, unit)}}."""
