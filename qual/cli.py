@@ -152,8 +152,19 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                                     "Allure 3 CLI and qual's allurerc.mjs, then apply its "
                                     "quality gate. Exit 0: built and the gate holds; 1: the "
                                     "gate failed; 2: nothing to report or no Allure 3 CLI.")
-    rp.add_argument("results", nargs="+", help="qual results folders (qual-results/) or "
+    rp.add_argument("results", nargs="*", help="qual results folders (qual-results/) or "
                                                "allure-results folders")
+    rp.add_argument("--population", action="store_true",
+                    help="instead: the acceptance report of a drive model's drives from the "
+                         "store (--model, --firmware; --profile: default the newest run's), "
+                         "one self-contained page (docs/store.md)")
+    rp.add_argument("--model", default=None, help="with --population: the drive model")
+    rp.add_argument("--firmware", default=None, help="with --population: the firmware")
+    rp.add_argument("--profile", default=None,
+                    help="with --population: the profile (default: the newest run's)")
+    rp.add_argument("--store", default=None, metavar="URL|PATH",
+                    help="with --population: default $QUAL_STORE, else "
+                         "~/.local/share/qual/qual-store.sqlite")
     rp.add_argument("--out", required=True, help="the report folder (made by qual)")
     rp.add_argument("--single-file", action="store_true",
                     help="one self-contained index.html, to attach to an acceptance email")
@@ -399,6 +410,10 @@ def cmd_report(args) -> int:
         print(f"qual report: error: {message}", file=sys.stderr)
         return Exit.USAGE
 
+    if args.population:
+        return population_report(args)
+    if not args.results:
+        return fail("give the results folder(s) to report (or --population)")
     allure_dirs, records = [], []
     for folder in map(Path, args.results):
         if not folder.is_dir():
@@ -461,6 +476,43 @@ def cmd_report(args) -> int:
     for rule in broken:
         print(f"  {rule['rule']}: {rule['message']}")
     return Exit.FAIL if broken else Exit.PASS
+
+
+def population_report(args) -> int:
+    """`qual report --population`: qual accept's answer as one self-contained page."""
+    from qual import accept, population_page, store
+
+    def fail(message: str) -> int:
+        print(f"qual report --population: error: {message}", file=sys.stderr)
+        return Exit.USAGE
+
+    if args.results or not args.model or not args.firmware:
+        return fail("give --model and --firmware (and no results folder)")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not (out / REPORT_MARK).exists():
+        return fail(f"{out} is not empty and qual did not make it: give a new folder")
+    try:
+        with store.Store.open(args.store) as db:
+            given = args.profile or db.newest_profile(args.model, args.firmware)
+            if given is None:
+                return fail(f"no stored run of model {args.model!r} at firmware "
+                            f"{args.firmware!r}")
+            profile = thresholds.load_profile(given, registry())
+            answer = accept.accept(db, args.model, args.firmware, profile)
+    except store.StoreError as e:
+        return fail(str(e))
+    except thresholds.ProfileError as e:
+        return fail(f"profile {given}:\n{e}")
+    if not answer.drives:
+        return fail(f"no run of profile {profile.name} in the store is of model "
+                    f"{args.model!r} at firmware {args.firmware!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_MARK).write_text("made by qual report\n")
+    index = out / "index.html"
+    index.write_text(population_page.page(answer))
+    print(f"report: {index} (one self-contained page: open it from disk)")
+    print(f"verdict: {answer.answer}")
+    return answer.exit_status()
 
 
 def cmd_compare(args) -> int:

@@ -5,11 +5,13 @@ no other; the model is accepted once it is run again in line; too few drives dec
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 from test_store import MODEL, a_record
-from testbed import qual
+from testbed import Chromium, qual
 
 from qual.exits import Exit
 from qual.store import Store
@@ -154,3 +156,38 @@ def test_history_shows_each_firmware_s_median_and_charts_every_figure(store_url,
     proc = qual("history", "--store", store_url, "--model", "NOTHING", "--charts",
                 str(charts), cwd=tmp_path, timeout=120)
     assert proc.returncode == Exit.USAGE and "no stored run of model 'NOTHING'" in proc.stderr
+
+
+def test_the_population_report_opens_from_disk_verdict_first(store_url, tmp_path):
+    """`qual report --population`, opened from disk in a headless Chromium as a person opens a
+    report someone sent: the verdict, then the reasons naming the outlier, a strip plot per
+    figure (drawn: the images decoded), the table of drives with the outlier marked."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium to open the report (Debian: apt-get install chromium)")
+    prof = profile(tmp_path)
+    store_drives(store_url, {**SIBLINGS, "S3": (3.00e9, 3.04e9, 2.97e9)})
+    out = tmp_path / "population"
+    proc = qual("report", "--population", "--store", store_url, "--model", MODEL,
+                "--firmware", "2.1", "--profile", prof, "--out", str(out), cwd=tmp_path,
+                timeout=120)
+    assert proc.returncode == Exit.FAIL and "verdict: REJECT" in proc.stdout, proc.stderr
+    chrome = Chromium(browser)
+    try:
+        page = chrome.open((out / "index.html").as_uri())
+        deadline = time.monotonic() + 30
+        while chrome.evaluate(page, "document.readyState") != "complete":
+            assert time.monotonic() < deadline, "the page did not load"
+            time.sleep(0.2)
+        shown = chrome.evaluate(page, "document.body.innerText")
+        drawn = chrome.evaluate(page, "[...document.images].map(i => i.complete && "
+                                      "i.naturalWidth > 100)")
+        marked = chrome.evaluate(page, "[...document.querySelectorAll('tr.bad td:first-child')]"
+                                       ".map(td => td.innerText)")
+    finally:
+        chrome.close()
+    lines = [x for x in shown.splitlines() if x.strip()]
+    assert lines[1] == "REJECT"  # after the title, before anything else
+    assert f"drive S3 is an outlier on {SEQ}" in shown
+    assert drawn == [True, True]  # a strip plot per judged figure (read, latency)
+    assert marked == ["S3", SEQ]  # the outlying drive, and the figure it is outlying on

@@ -361,6 +361,19 @@ class Store:
         with self.engine.connect() as c:
             return [dict(zip(keys, row)) for row in c.execute(q)]
 
+    def newest_profile(self, model: str, firmware: str) -> str | None:
+        """The profile of the newest run of a model at a firmware: its file where that is
+        still there, else its name (a shipped one); None: no such run."""
+        q = (select(runs.c.profile, runs.c.record).join(drives, drives.c.id == runs.c.drive_id)
+             .where(drives.c.model == model, drives.c.firmware == firmware)
+             .order_by(runs.c.started.desc(), runs.c.id.desc()).limit(1))
+        with self.engine.connect() as c:
+            found = c.execute(q).first()
+        if found is None:
+            return None
+        path = (found.record.get("profile") or {}).get("path")
+        return path if path and Path(path).is_file() else found.profile
+
     def values(self, run_ids: list[str], ids: list[str]) -> dict[str, dict[str, tuple]]:
         """The stored value and unit of each measurement id of each run:
         {run: {id: (value, unit)}}."""
