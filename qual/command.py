@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 
-from qual import units, watchdog
+from qual import engine, store, units, watchdog
 from qual.family import Family
 from qual.exits import Exit
 from qual.judge import judge
+from qual.record import RunRecord, TestResult, rig_label, summarize
 from qual.targets import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
 from qual.flags import add_field_flags, claimed, field_flags, flag_fields, flag_name, given
@@ -53,6 +55,9 @@ def add_parser(sub, family: Family) -> None:
     p.add_argument("--profile", default=None, metavar="NAME|FILE",
                    help=f"take the [{family.name}] table from this profile (flags override it) "
                         "and judge the measurements against its criteria: exit 1 on a failure")
+    p.add_argument("--store", default=None, metavar="URL|PATH|off",
+                   help="with --profile: the results store the run's record goes to (default: "
+                        "$QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite; docs/store.md)")
     p.add_argument("--json", action="store_true", help="print a JSON document")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--allow-destructive", action="store_true",
@@ -162,12 +167,36 @@ def _run_on(family: Family, args, settings, say: Reporter, keep: bool):
                              remove=None if source else family.remove)
 
 
+def run_record(family: Family, target: Target, profile, measured: list, verdict, started: str,
+               seed: int | None) -> dict:
+    """A family command's run as a run record (one test: the command), for the store: the
+    profile's other families' criteria are not selected, so it is judged on its family's."""
+    test = TestResult(f"qual {family.subcommand}", target.spec,
+                      "failed" if verdict.failing else "passed")
+    test.judged({"measurements": [m.as_dict() for m in measured], **verdict.as_dict()})
+    others = sorted({c.family for c in profile.criteria} - {family.name})
+    return RunRecord(
+        target={"spec": target.spec, "kind": target.kind, "path": str(target.path),
+                "identity": target.identity.as_dict()},
+        profile=profile.as_dict(),
+        engine={"io_uring": engine.io_uring_status() or "available",
+                "backends_used": sorted({m.backend for m in measured if m.backend})},
+        tests=[test], summary=summarize([test], profile, {"left_out": others, "tests": []}),
+        started=started, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=seed,
+        run_id=uuid.uuid4().hex, rig=rig_label()).as_dict()
+
+
 def run(args, families: dict[str, Family]) -> int:
     family: Family = args.family
     name = family.subcommand
     try:
         profile = load_profile(args.profile, families) if args.profile else None
         settings = _settings(family, args, profile)
+        if profile:
+            store.check_url(args.store)
+    except store.StoreError as e:
+        print(f"qual {name}: error: --store: {e}", file=sys.stderr)
+        return Exit.USAGE
     except ProfileError as e:
         for where, key, problem in e.problems:
             shown = _flag_of(family, key.split(".", 1)[1]) if where == "flags" and "." in key \
@@ -180,6 +209,7 @@ def run(args, families: dict[str, Family]) -> int:
         return Exit.PASS
     keep = (family.flags and family.flags.keeps) or getattr(args, "keep", False)
     say = Reporter(name, args.quiet)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with watched(name, family.reads_from(settings) or args.target,
                  _command_timeout(family, args, settings)):
         target, outcome = _run_on(family, args, settings, say, keep)
@@ -197,6 +227,10 @@ def run(args, families: dict[str, Family]) -> int:
         if verdict:
             print("\n".join(verdict.lines()))
     if verdict:
+        print(f"qual {name}: " + store.store_record(
+            run_record(family, target, profile, measured, verdict, started,
+                       getattr(args, "seed", None)),
+            args.store), file=sys.stderr)
         verdict.raise_unresolved(target.spec)
         if verdict.failing:
             print(f"qual {name}: {len(verdict.failing)} of {verdict.checks} checks failed "

@@ -205,6 +205,11 @@ def host_info() -> dict:
     return info
 
 
+def rig_label() -> str:
+    """The rig a run is on: $QUAL_RIG, else the host's name."""
+    return os.environ.get("QUAL_RIG") or socket.gethostname()
+
+
 def qual_version() -> str:
     try:
         return metadata.version("qual")

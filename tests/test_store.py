@@ -327,3 +327,25 @@ def test_a_run_gates_against_the_store_s_runs_of_its_drive(tmp_path, store_url):
     assert record["baseline"].endswith(f"serial='{serial}'")
     gated = [r for t in record["tests"] for r in t["regressions"]]
     assert gated and all(f"[baseline: store serial='{serial}'" in r["line"] for r in gated)
+
+
+def test_a_family_command_with_a_profile_stores_its_run_judged_on_its_own_criteria(
+        tmp_path, store_url):
+    proc = qual("integrity", "--profile", "ci", "--target", str(tmp_path / "t"), "--store",
+                store_url, "-q", cwd=tmp_path, timeout=300)
+    assert proc.returncode == Exit.PASS, proc.stderr
+    (said,) = [x for x in proc.stderr.splitlines() if "stored" in x]
+    (run_id, verdict, doc) = rows(store_url, "SELECT id, verdict, record FROM runs")[0]
+    assert said.startswith("qual integrity: stored in ") and said.endswith(f"as run {run_id}")
+    record = doc if isinstance(doc, dict) else json.loads(doc)
+    # the profile's other families' criteria are not selected: it is judged on its own
+    assert verdict == "PASS" and record["tests"][0]["nodeid"] == "qual integrity"
+    assert set(record["summary"]["not_selected"]) and not record["summary"]["not_judged"]
+    judged = rows(store_url, "SELECT measurement, verdict FROM measurements WHERE verdict "
+                             "IS NOT NULL")
+    assert sorted(judged) == [("integrity_bad_blocks[pattern=random]", "PASS"),
+                              ("integrity_bad_blocks[pattern=sequential]", "PASS")]
+    proc = qual("integrity", "--target", str(tmp_path / "t"), "--store", store_url, "-q",
+                cwd=tmp_path, timeout=300)  # no profile: nothing judged, nothing stored
+    assert proc.returncode == Exit.PASS and "stored" not in proc.stderr
+    assert len(rows(store_url, "SELECT id FROM runs")) == 1

@@ -8,7 +8,6 @@ import contextlib
 import errno
 import json
 import os
-import socket
 import stat
 import sys
 import time
@@ -26,7 +25,7 @@ from qual.exits import Exit
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.progress import Console, Eta
 from qual.plugin.recorder import Judging, PAYLOAD, Recorder
-from qual.record import (Baseline, drive_model, qual_version, RECORD_NAME, RunRecord, summarize,
+from qual.record import (Baseline, drive_model, qual_version, RECORD_NAME, rig_label, RunRecord, summarize,
                          TestResult, write_record)
 from qual.measurement import Measurement
 from qual.targets import DEFAULT_TARGET, Target, drive_label
@@ -638,7 +637,7 @@ class QualSession:
             baseline=str(baseline.path) if baseline else None, plan=target.get("plan"),
             resumed=self.journals[spec].header.get("resumed"),
             run_id=self.journals[spec].header.get("run_id") or uuid.uuid4().hex,
-            rig=os.environ.get("QUAL_RIG") or socket.gethostname(),
+            rig=rig_label(),
             device_gone=self.departed.get(spec))
 
     def record_path(self, spec: str) -> Path:
