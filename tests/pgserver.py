@@ -31,14 +31,14 @@ def free_port() -> int:
 
 
 class PostgresServer:
-    """The server, in a folder of its own under /tmp (the postgres user must reach it, and
-    pytest's own tmp folders are root's alone)."""
+    """The server, in a folder of its own under /tmp or `root` (the postgres user must reach
+    it, and pytest's own tmp folders are root's alone)."""
 
-    def __init__(self):
+    def __init__(self, root: str | None = None):
         self.bin = binaries()
         if self.bin is None:
             raise RuntimeError("PostgreSQL is not installed (scripts/setup installs it)")
-        self.folder = Path(tempfile.mkdtemp(prefix="qual-postgres-"))
+        self.folder = Path(tempfile.mkdtemp(prefix="qual-postgres-", dir=root))
         self.data = self.folder / "data"
         self.port = free_port()
         self.user = "postgres"
