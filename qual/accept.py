@@ -97,7 +97,7 @@ def figure_of(mid: str, unit: str, values: dict[str, float], profile: Profile) -
 
 
 def accept(db, model: str, firmware: str, profile: Profile) -> Acceptance:
-    """The population's answer from the store `db` (qual.store.Store)."""
+    """The population's answer from the store `db` (qual.store.db.Store)."""
     rules = profile.population
     drives = [DriveRun(**d) for d in db.latest_runs(model, firmware, profile.name)]
     judged = sorted({c.id for c in profile.criteria})

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qual import command, engine, record, report, shipped, thresholds, units, watchdog
+from qual import command, engine, record, report, shipped, store, thresholds, units, watchdog
 from qual.exits import Exit, help_text
 from qual.engine import QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
@@ -138,10 +138,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                      help="print what the run would do (tests, bytes, estimated seconds) and "
                           "every reason it cannot go ahead; run nothing (exit 4 if refused)")
     run.add_argument("--json", action="store_true", help="with --plan: the plan as JSON")
-    run.add_argument("--store", default=None, metavar="URL|PATH|off",
-                     help="the results store each drive's record also goes to (default: "
-                          "$QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite; "
-                          "docs/store.md)")
+    store.add_option(run, "the results store each drive's record also goes to", off=True)
 
     for family in families.values():
         if family.run is not None:
@@ -162,9 +159,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     rp.add_argument("--firmware", default=None, help="with --population: the firmware")
     rp.add_argument("--profile", default=None,
                     help="with --population: the profile (default: the newest run's)")
-    rp.add_argument("--store", default=None, metavar="URL|PATH",
-                    help="with --population: default $QUAL_STORE, else "
-                         "~/.local/share/qual/qual-store.sqlite")
+    store.add_option(rp, "with --population: the store to read")
     rp.add_argument("--out", required=True, help="the report folder (made by qual)")
     rp.add_argument("--single-file", action="store_true",
                     help="one self-contained index.html, to attach to an acceptance email")
@@ -193,9 +188,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                           "firmware ('model=X firmware=1.2'), of one drive ('serial=S'), or "
                           "the newest N ('model=X last=N'), of NEW's profile unless "
                           "'profile=P' (docs/store.md)")
-    cmp.add_argument("--store", default=None, metavar="URL|PATH",
-                     help="the store --baseline reads (default: $QUAL_STORE, else "
-                          "~/.local/share/qual/qual-store.sqlite)")
+    store.add_option(cmp, "the store --baseline reads")
     cmp.add_argument("--all", action="store_true", dest="gate_all",
                      help="gate informational metrics too (default: those the profile judges "
                           "or gives a tolerance; the rest are shown)")
@@ -221,12 +214,11 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                                      "outlier, a spread too wide); 2: bad options or no store; "
                                      "6: INCOMPLETE (too few drives, or a run that decided "
                                      "nothing).")
-    acc.add_argument("--model", required=True, help="the drive model, as the drives report it")
+    _add_model(acc)
     acc.add_argument("--firmware", required=True, help="the firmware revision")
     acc.add_argument("--profile", required=True, help="profile name or .toml path: its "
                                                       "criteria and [population] rules")
-    acc.add_argument("--store", default=None, metavar="URL|PATH",
-                     help="default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite")
+    store.add_option(acc, "the store to read")
     acc.add_argument("--json", action="store_true", help="print a JSON document")
 
     hist = sub.add_parser("history", help="how a drive model's figures moved over firmware "
@@ -235,13 +227,12 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                                       "first and last run; and a PNG chart per figure (a point "
                                       "per drive and run, each firmware's median line). Exit 0; "
                                       "2: bad options, no store, or no run of the model.")
-    hist.add_argument("--model", required=True, help="the drive model, as the drives report it")
+    _add_model(hist)
     hist.add_argument("--metric", default=None, help="one metric (e.g. seq_read_bw; default all)")
     hist.add_argument("--profile", default=None, help="only runs of this profile name")
     hist.add_argument("--charts", default="qual-history", metavar="DIR",
                       help="where the charts go, one PNG per figure (default qual-history)")
-    hist.add_argument("--store", default=None, metavar="URL|PATH",
-                      help="default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite")
+    store.add_option(hist, "the store to read")
     hist.add_argument("--json", action="store_true", help="print a JSON document")
 
     st = sub.add_parser("store", help="the results store: import run records, say where it is",
@@ -255,8 +246,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     imp.add_argument("paths", nargs="+", metavar="PATH")
     info = st_sub.add_parser("info", help="the store's URL, schema version and what it holds")
     for each in (imp, info):
-        each.add_argument("--store", default=None, metavar="URL|PATH",
-                       help="default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite")
+        store.add_option(each, "the store")
 
     prof = sub.add_parser("profiles", help="list the shipped profiles, or check them")
     prof.add_argument("--json", action="store_true",
@@ -270,6 +260,10 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                                          "the filesystem a killed run left on a block device")
     clean.add_argument("target", nargs="?", default=None)
     return p
+
+
+def _add_model(parser) -> None:
+    parser.add_argument("--model", required=True, help="the drive model, as the drives report it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -480,7 +474,7 @@ def cmd_report(args) -> int:
 
 def population_report(args) -> int:
     """`qual report --population`: qual accept's answer as one self-contained page."""
-    from qual import accept, population_page, store
+    from qual import accept, population_page
 
     def fail(message: str) -> int:
         print(f"qual report --population: error: {message}", file=sys.stderr)
@@ -492,7 +486,7 @@ def population_report(args) -> int:
     if out.exists() and any(out.iterdir()) and not (out / REPORT_MARK).exists():
         return fail(f"{out} is not empty and qual did not make it: give a new folder")
     try:
-        with store.Store.open(args.store) as db:
+        with store.open_store(args.store) as db:
             given = args.profile or db.newest_profile(args.model, args.firmware)
             if given is None:
                 return fail(f"no stored run of model {args.model!r} at firmware "
@@ -519,8 +513,6 @@ def cmd_compare(args) -> int:
     def fail(message: str) -> int:
         print(f"qual compare: error: {message}", file=sys.stderr)
         return Exit.USAGE
-
-    from qual import store
 
     if args.baseline is not None and len(args.records) != 1:
         return fail("with --baseline, give only the run record to judge")
@@ -603,11 +595,11 @@ def cmd_compare(args) -> int:
 
 
 def cmd_accept(args, families: dict) -> int:
-    from qual import accept, store
+    from qual import accept
 
     try:
         profile = thresholds.load_profile(args.profile, families)
-        with store.Store.open(args.store) as db:
+        with store.open_store(args.store) as db:
             answer = accept.accept(db, args.model, args.firmware, profile)
     except thresholds.ProfileError as e:
         print(f"qual accept: error: --profile {args.profile}:\n{e}", file=sys.stderr)
@@ -629,10 +621,10 @@ def cmd_accept(args, families: dict) -> int:
 def cmd_history(args) -> int:
     import re
 
-    from qual import history, store
+    from qual import history
 
     try:
-        with store.Store.open(args.store) as db:
+        with store.open_store(args.store) as db:
             points = db.history(args.model, metric=args.metric, profile=args.profile)
     except store.StoreError as e:
         print(f"qual history: error: {e}", file=sys.stderr)
@@ -659,8 +651,6 @@ def cmd_history(args) -> int:
 
 
 def cmd_store(args) -> int:
-    from qual import store
-
     try:
         if store.check_url(args.store) is None:
             raise store.StoreError("the store is off (QUAL_STORE=off): name one with --store")
@@ -668,7 +658,7 @@ def cmd_store(args) -> int:
         print(f"qual store: error: --store: {e}", file=sys.stderr)
         return Exit.USAGE
     try:
-        with store.Store.open(args.store) as db:
+        with store.open_store(args.store) as db:
             if args.store_command == "info":
                 print(f"store: {store.shown(db.url)}\nschema version: {db.version()}")
                 for name, n in db.counts().items():
@@ -711,8 +701,6 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
             f"--qual-results={results}", "-p", "no:cacheprovider", "-p", "no:benchmark"]
     argv += [f"--qual-target={t}" for t in targets]
     if args.store:
-        from qual import store
-
         try:  # a store named wrongly: refused before any I/O, like any bad flag
             store.check_url(args.store)
         except store.StoreError as e:

@@ -55,9 +55,7 @@ def add_parser(sub, family: Family) -> None:
     p.add_argument("--profile", default=None, metavar="NAME|FILE",
                    help=f"take the [{family.name}] table from this profile (flags override it) "
                         "and judge the measurements against its criteria: exit 1 on a failure")
-    p.add_argument("--store", default=None, metavar="URL|PATH|off",
-                   help="with --profile: the results store the run's record goes to (default: "
-                        "$QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite; docs/store.md)")
+    store.add_option(p, "with --profile: the results store the run's record goes to", off=True)
     p.add_argument("--json", action="store_true", help="print a JSON document")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--allow-destructive", action="store_true",

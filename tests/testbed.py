@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -139,9 +140,13 @@ class Chromium:
             os.dup2(cmd_r, 3)
             os.dup2(res_w, 4)
 
+        # a profile of its own: two browsers on one profile (tests under -n 2) would share
+        # one process, and one's pages answer the other's commands
+        self._profile = tempfile.mkdtemp(prefix="qual-chromium-")
         self.proc = subprocess.Popen(
             [binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-             f"--window-size={width},{height}", "about:blank"],
+             f"--user-data-dir={self._profile}", f"--window-size={width},{height}",
+             "about:blank"],
             pass_fds=(3, 4), preexec_fn=wire, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         os.close(cmd_r)
@@ -172,6 +177,18 @@ class Chromium:
         target = self.call("Target.createTarget", url=url)["targetId"]
         return self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
 
+    def loaded(self, url: str, timeout: float = 30) -> str:
+        """A new page at url, once that document (not the about:blank a new page starts as)
+        has loaded; returns its session."""
+        page = self.open(url)
+        deadline = time.monotonic() + timeout
+        while self.evaluate(page, "location.href + ' ' + document.readyState") != \
+                f"{url} complete":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not load within {timeout} s")
+            time.sleep(0.1)
+        return page
+
     def evaluate(self, session: str, expression: str):
         out = self.call("Runtime.evaluate", session, expression=expression, returnByValue=True)
         return out.get("result", {}).get("value")
@@ -192,6 +209,7 @@ class Chromium:
             self.proc.kill()
         os.close(self._cmd_w)
         os.close(self._res_r)
+        shutil.rmtree(self._profile, ignore_errors=True)
 
 
 class Misbehaving:

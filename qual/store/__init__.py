@@ -1,37 +1,22 @@
 """The results store (docs/store.md): every run's record in a database that a person can query
 with SQL, for what one record cannot answer (a drive model's population, a firmware's history).
 An SQLite file by default, nothing to set up; a PostgreSQL server that a lab's rigs share
-(`--store postgresql://…` or $QUAL_STORE). One SQL layer (SQLAlchemy Core) serves both, and the
-schema is versioned by migrations (Alembic, qual/store/migrations) applied when a store is
-opened, so a store outlives qual versions.
-
-A run is stored whole or not at all (one transaction), once (its `run_id` is the key: storing
-it again stores nothing). Every wait is bounded: SQLite waits at most BUSY_S for another writer,
-PostgreSQL at most CONNECT_S to connect and STATEMENT_S for a statement or a lock."""
+(`--store postgresql://…` or $QUAL_STORE). This module is what every command needs of it
+without a database (where the store is, its option, a baseline's selector); the database
+itself, `Store` (qual.store.db: SQLAlchemy Core, Alembic migrations), is imported when a store
+is opened."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
+import re
 import shlex
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import create_engine, event, func, select
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
-
-from qual.measurement import is_final, repetitions_of
-from qual.record import Baseline, check_record, read_record, record_paths
-from qual.store.schema import drives, measurements, metadata, runs
+from qual.record import Baseline
 
 ENV = "QUAL_STORE"
-BUSY_S = 60  # SQLite: the longest a writer waits for another
-CONNECT_S = 10  # PostgreSQL: to connect
-STATEMENT_S = 60  # PostgreSQL: for one statement, or a lock
-MIGRATION_LOCK = 0x7175616C  # PostgreSQL advisory lock key ("qual")
+SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][\w+.-]*)://")
 
 
 class StoreError(Exception):
@@ -57,342 +42,45 @@ def url_of(given: str | None = None) -> str:
 
 
 OFF = "off"
+WHERE = "default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite; docs/store.md"
+
+
+def add_option(parser, what: str, *, off: bool = False) -> None:
+    """A command's --store option: `what` the command does with the store."""
+    parser.add_argument("--store", default=None, metavar="URL|PATH|off" if off else "URL|PATH",
+                        help=f"{what} ({WHERE})")
 
 
 def check_url(given: str | None) -> str | None:
-    """The store a run will use (None: off), or StoreError for one that cannot be (a URL of
-    another database, or none at all); nothing is opened."""
+    """The store a command will use (None: off), or StoreError for one that cannot be (not a
+    URL, or a URL of another database); nothing is opened."""
     url = url_of(given)
     if url == OFF:
         return None
-    try:
-        backend = make_url(url).get_backend_name()
-    except ArgumentError:
+    found = SCHEME.match(url)
+    if not found:
         raise StoreError(f"{given!r} is not a database URL (sqlite:///PATH, "
-                         "postgresql://USER@HOST:PORT/DB, or a path)") from None
-    if backend not in ("sqlite", "postgresql"):
+                         "postgresql://USER@HOST:PORT/DB, or a path)")
+    backend = found["scheme"].split("+")[0].lower()
+    if backend not in ("sqlite", "postgresql", "postgres"):
         raise StoreError(f"{shown(url)}: qual stores in SQLite or PostgreSQL, not {backend}")
     return url
 
 
 def shown(url: str) -> str:
     """A store's URL as it may be printed (no password)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
-# ------------------------------------------------------------------ what a record stores
+def open_store(given: str | None = None):
+    """The store at `given` (else $QUAL_STORE, else the default), opened and migrated
+    (qual.store.db.Store.open)."""
+    from qual.store.db import Store
+
+    return Store.open(given)
 
 
-@dataclass(frozen=True)
-class Row:
-    """A run record as the store's rows: its drive, its run, its measurements."""
-
-    run_id: str
-    drive: dict
-    run: dict
-    measurements: list[dict]
-
-
-def run_id_of(record: dict) -> str:
-    """A record's key: its `run_id`, or for a record older than run ids, the digest of its
-    content (so importing it twice stores it once)."""
-    if record.get("run_id"):
-        return str(record["run_id"])
-    body = json.dumps(record, sort_keys=True, default=str).encode()
-    return "sha256:" + hashlib.sha256(body).hexdigest()[:56]
-
-
-def _when(text: str | None) -> datetime | None:
-    """A record's time (2026-12-06T03:00:00+0000) in UTC, as both databases keep it."""
-    if not text:
-        return None
-    try:
-        t = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
-    except ValueError:
-        t = datetime.fromisoformat(text)
-    if t.tzinfo is not None:
-        t = t.astimezone(timezone.utc).replace(tzinfo=None)
-    return t
-
-
-def _verdict(verdicts: list[dict]) -> str | None:
-    if not verdicts:
-        return None
-    if not all(v.get("passed") for v in verdicts):
-        return "FAIL"
-    return "INCONCLUSIVE" if any(v.get("inconclusive") for v in verdicts) else "PASS"
-
-
-def rows_of(record: dict) -> Row:
-    """What a (checked) record stores: ValueError where it lacks what the store keys on."""
-    ident = record["target"].get("identity") or {}
-    link = " x".join(str(ident[k]) for k in ("link_speed", "link_width") if ident.get(k))
-    drive = {"model": ident.get("model") or "", "serial": ident.get("serial") or "",
-             "firmware": ident.get("firmware") or "", "capacity": ident.get("capacity"),
-             "link": link or None}
-    run_id = run_id_of(record)
-    profile = record["profile"]
-    run = {"id": run_id, "started": _when(record["started"]),
-           "finished": _when(record.get("finished")),
-           "host": record.get("host", {}).get("hostname") or "",
-           "rig": record.get("rig") or record.get("host", {}).get("hostname") or "",
-           "qual_version": record.get("qual_version") or "", "profile": profile.get("name") or "",
-           "profile_digest": profile.get("digest") or "",
-           "verdict": record["summary"]["verdict"], "schema": record["schema"],
-           "record": record}
-    out = []
-    for t in record["tests"]:
-        verdicts: dict[str, list] = {}
-        for v in t.get("verdicts", ()):
-            verdicts.setdefault(v["id"], []).append(v)
-        for m in t["measurements"]:
-            if not is_final(m.get("context", {})):
-                continue
-            interval = m.get("context", {}).get("interval") or [None, None]
-            out.append({"run_id": run_id, "test": t["nodeid"], "measurement": m["id"],
-                        "metric": m["metric"], "params": m.get("params", {}), "unit": m["unit"],
-                        "value": float(m["value"]), "repetitions": repetitions_of(m),
-                        "interval_low": interval[0], "interval_high": interval[1],
-                        "comparable": bool(m.get("comparable", True)),
-                        "verdict": _verdict(verdicts.get(m["id"], []))})
-    return Row(run_id, drive, run, out)
-
-
-# ------------------------------------------------------------------ the store
-
-
-def _sqlite_engine(url) -> Engine:
-    path = Path(url.database)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": BUSY_S})
-
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi, _record):
-        dbapi.isolation_level = None  # qual begins its own transactions
-        dbapi.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
-        dbapi.execute("PRAGMA foreign_keys=ON")
-        dbapi.execute("PRAGMA synchronous=FULL")  # a stored run survives a power loss
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn):
-        # a writer takes the write lock at once (waiting at most BUSY_S), so two writers never
-        # deadlock upgrading their read locks
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine
-
-
-def _postgresql_engine(url) -> Engine:
-    if url.drivername in ("postgresql", "postgres"):
-        url = url.set(drivername="postgresql+psycopg")
-    return create_engine(url, pool_pre_ping=True, connect_args={
-        "connect_timeout": CONNECT_S,
-        "options": f"-c statement_timeout={STATEMENT_S * 1000} "
-                   f"-c lock_timeout={STATEMENT_S * 1000}"})
-
-
-class Store:
-    """An open results store (`open`): `put` a record, `import_paths` of record files, and the
-    queries the gate, acceptance and history read."""
-
-    def __init__(self, url: str, engine: Engine):
-        self.url, self.engine = url, engine
-
-    @classmethod
-    def open(cls, given: str | None = None) -> Store:
-        """The store at `given` (a URL or an SQLite path; else $QUAL_STORE, else the default),
-        migrated to this qual's schema: StoreError saying why it cannot be."""
-        url = check_url(given)
-        if url is None:
-            raise StoreError("the store is off (--store off, or QUAL_STORE=off)")
-        parsed = make_url(url)
-        backend = parsed.get_backend_name()
-        try:
-            engine = _sqlite_engine(parsed) if backend == "sqlite" else _postgresql_engine(parsed)
-            store = cls(url, engine)
-            store._migrate()
-        except (SQLAlchemyError, OSError) as e:
-            raise StoreError(f"store {shown(url)}: {_reason(e)}") from None
-        return store
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # ---- the schema's version
-
-    def _migrate(self) -> None:
-        """Bring the store to this qual's schema (the migrations it lacks, under a lock, so
-        rigs that open a new store at once migrate it once); refuse a store newer than qual."""
-        from qual.store import migrations
-
-        head = migrations.head()
-        with self.engine.connect() as c:
-            current = migrations.current(c)
-            c.rollback()
-        if current == head:
-            return
-        if current is not None and current not in migrations.known():
-            raise StoreError(f"store {shown(self.url)}: its schema (version {current}) is newer "
-                             f"than this qual's ({head}): use a newer qual")
-        # one migrator at a time, the others wait and then find nothing to do: SQLite's
-        # BEGIN IMMEDIATE holds the write lock, PostgreSQL an advisory lock, for the transaction
-        with self.engine.begin() as c:
-            if self.engine.dialect.name == "postgresql":
-                c.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
-            migrations.upgrade(c)
-
-    def version(self) -> str | None:
-        from qual.store import migrations
-
-        with self.engine.connect() as c:
-            return migrations.current(c)
-
-    # ---- writing
-
-    def put(self, record: dict) -> tuple[str, bool]:
-        """Store a run record (ValueError: not a whole one): its run id, and whether it was new
-        (False: it was stored before, and nothing changed). All of it or nothing: one
-        transaction."""
-        check_record(record)
-        row = rows_of(record)
-        ins = self._insert_ignoring_duplicates
-        with self.engine.begin() as c:
-            c.execute(ins(drives, ("model", "serial", "firmware")).values(**row.drive))
-            drive_id = c.execute(select(drives.c.id).where(
-                drives.c.model == row.drive["model"], drives.c.serial == row.drive["serial"],
-                drives.c.firmware == row.drive["firmware"])).scalar_one()
-            added = c.execute(ins(runs, ("id",)).values(drive_id=drive_id, **row.run)
-                              .returning(runs.c.id)).first() is not None
-            if added and row.measurements:
-                c.execute(measurements.insert(), row.measurements)
-        return row.run_id, added
-
-    def _insert_ignoring_duplicates(self, table, keys: tuple[str, ...]):
-        if self.engine.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-        return insert(table).on_conflict_do_nothing(index_elements=list(keys))
-
-    def import_paths(self, paths: list[str]) -> tuple[list[tuple[str, str, bool]],
-                                                      list[tuple[str, str]]]:
-        """Store the run records at `paths` (files, or folders searched for qual-run.json):
-        (path, run id, new) for each stored, (path, reason) for each refused (nothing of a
-        refused one is stored)."""
-        stored, refused = [], []
-        for given in paths:
-            try:
-                found = record_paths([given])
-            except ValueError as e:
-                refused.append((given, str(e)))
-                continue
-            for path in found:
-                try:
-                    record = read_record(path)
-                    run_id, new = self.put(record)
-                except ValueError as e:
-                    refused.append((str(path), str(e).removeprefix(f"{path}: ")))
-                    continue
-                stored.append((str(path), run_id, new))
-        return stored, refused
-
-    # ---- reading
-
-    def select(self, where: dict, *, profile: str | None = None,
-               exclude: str | None = None) -> list[dict]:
-        """The records of the runs a parsed selector picks (newest first; `last` of them), of
-        its profile or else `profile`, never the run `exclude`."""
-        q = select(runs.c.record).join(drives, drives.c.id == runs.c.drive_id)
-        for key in ("model", "serial", "firmware"):
-            if key in where:
-                q = q.where(drives.c[key] == where[key])
-        if where.get("rig"):
-            q = q.where(runs.c.rig == where["rig"])
-        if where.get("profile", profile):
-            q = q.where(runs.c.profile == where.get("profile", profile))
-        if exclude:
-            q = q.where(runs.c.id != exclude)
-        q = q.order_by(runs.c.started.desc(), runs.c.id)
-        if where.get("last"):
-            q = q.limit(where["last"])
-        with self.engine.connect() as c:
-            return [r for (r,) in c.execute(q)]
-
-    def latest_runs(self, model: str, firmware: str, profile: str) -> list[dict]:
-        """Each drive's latest run of a profile, of a model at a firmware (by serial)."""
-        q = (select(drives.c.serial, runs.c.id, runs.c.started, runs.c.rig, runs.c.verdict)
-             .join(drives, drives.c.id == runs.c.drive_id)
-             .where(drives.c.model == model, drives.c.firmware == firmware,
-                    runs.c.profile == profile)
-             .order_by(drives.c.serial, runs.c.started.desc(), runs.c.id.desc()))
-        out: dict[str, dict] = {}
-        with self.engine.connect() as c:
-            for serial, run_id, started, rig, verdict in c.execute(q):
-                out.setdefault(serial, {"serial": serial, "run_id": run_id,
-                                        "started": started.strftime("%Y-%m-%d %H:%M:%S"),
-                                        "rig": rig, "verdict": verdict})
-        return list(out.values())
-
-    def history(self, model: str, *, metric: str | None = None,
-                profile: str | None = None) -> list[dict]:
-        """Every stored final figure of a model's runs (of one metric, one profile), oldest
-        first: measurement, unit, firmware, serial, rig, run, started (UTC), value."""
-        q = (select(measurements.c.measurement, measurements.c.unit, drives.c.firmware,
-                    drives.c.serial, runs.c.rig, runs.c.id, runs.c.started,
-                    measurements.c.value)
-             .join(runs, runs.c.id == measurements.c.run_id)
-             .join(drives, drives.c.id == runs.c.drive_id)
-             .where(drives.c.model == model)
-             .order_by(runs.c.started, runs.c.id))
-        if metric:
-            q = q.where(measurements.c.metric == metric)
-        if profile:
-            q = q.where(runs.c.profile == profile)
-        keys = ("measurement", "unit", "firmware", "serial", "rig", "run_id", "started", "value")
-        with self.engine.connect() as c:
-            return [dict(zip(keys, row)) for row in c.execute(q)]
-
-    def newest_profile(self, model: str, firmware: str) -> str | None:
-        """The profile of the newest run of a model at a firmware: its file where that is
-        still there, else its name (a shipped one); None: no such run."""
-        q = (select(runs.c.profile, runs.c.record).join(drives, drives.c.id == runs.c.drive_id)
-             .where(drives.c.model == model, drives.c.firmware == firmware)
-             .order_by(runs.c.started.desc(), runs.c.id.desc()).limit(1))
-        with self.engine.connect() as c:
-            found = c.execute(q).first()
-        if found is None:
-            return None
-        path = (found.record.get("profile") or {}).get("path")
-        return path if path and Path(path).is_file() else found.profile
-
-    def values(self, run_ids: list[str], ids: list[str]) -> dict[str, dict[str, tuple]]:
-        """The stored value and unit of each measurement id of each run:
-        {run: {id: (value, unit)}}."""
-        out: dict[str, dict[str, tuple]] = {}
-        if not run_ids or not ids:
-            return out
-        q = (select(measurements.c.run_id, measurements.c.measurement, measurements.c.value,
-                    measurements.c.unit)
-             .where(measurements.c.run_id.in_(run_ids), measurements.c.measurement.in_(ids)))
-        with self.engine.connect() as c:
-            for run_id, mid, value, unit in c.execute(q):
-                out.setdefault(run_id, {})[mid] = (value, unit)
-        return out
-
-    def counts(self) -> dict[str, int]:
-        """How many rows each table holds."""
-        with self.engine.connect() as c:
-            return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()
-                    for t in (drives, runs, measurements)}
+# ------------------------------------------------------------------ a baseline from the store
 
 
 SELECTS = ("model", "serial", "firmware", "profile", "rig", "last")
@@ -435,7 +123,7 @@ def baseline(given: str, store: str | None, *, profile: str | None,
     if not is_selector(given):
         return Baseline.from_paths(given)
     where = parse_selector(given)
-    with Store.open(store) as db:
+    with open_store(store) as db:
         records = db.select(where, profile=profile, exclude=exclude)
         name = f"store {given}"
         if not records:
@@ -451,23 +139,19 @@ def store_record(record: dict, given: str | None = None) -> str:
     try:
         if check_url(given) is None:
             return "not stored: the store is off"
-        with Store.open(given) as store:
+        with open_store(given) as store:
             run_id, _ = store.put(record)
         return f"stored in {shown(store.url)} as run {run_id}"
-    except (StoreError, ValueError) as e:
+    except (StoreError, ValueError, OSError) as e:
         return f"not stored: {e}"
-    except (SQLAlchemyError, OSError) as e:
-        return f"not stored: {_reason(e)}"
 
 
-def _reason(e: Exception) -> str:
-    """A database error as one line a person can act on."""
-    if isinstance(e, DBAPIError) and e.orig is not None:
-        return " ".join(str(e.orig).split())
-    if isinstance(e, SQLAlchemyError):
-        return " ".join(str(e).split("\n")[0].split())
-    return str(e)
 
 
-__all__ = ["ENV", "Baseline", "Store", "StoreError", "default_path", "metadata",
-           "store_record", "url_of"]
+def __getattr__(name: str):
+    """`Store` and the schema's `metadata`, from qual.store.db when first asked for."""
+    if name in ("Store", "metadata", "run_id_of"):
+        from qual.store import db
+
+        return getattr(db, name)
+    raise AttributeError(name)
