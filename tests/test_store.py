@@ -236,8 +236,8 @@ def test_a_store_named_wrongly_is_refused_before_any_io(tmp_path):
 
 
 def test_the_documented_queries_run_on_both_databases(store_url):
-    """docs/store.md's example queries, as written, answer from a store with two firmwares."""
-    doc = (HERE.parent / "docs" / "store.md").read_text()
+    """The README's example queries, as written, answer from a store with two firmwares."""
+    doc = (HERE.parent / "README.md").read_text()
     queries = [q for block in re.findall(r"```sql\n(.*?)```", doc, re.S)
                for q in block.split(";") if "SELECT" in q]
     model = re.search(r"d\.model = '([^']+)'", doc).group(1)
