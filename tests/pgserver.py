@@ -60,7 +60,7 @@ class PostgresServer:
                           "--auth=trust", "-E", "UTF8", "--no-sync")
         options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
                    f"-c unix_socket_directories={self.folder} -c max_connections=100 "
-                   "-c fsync=on")
+                   "-c fsync=on -c timezone=America/New_York")  # not UTC: qual must not care
         self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options,
                           "-l", str(self.folder / "server.log"), "-w", "-t", str(START_S),
                           "start")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -23,6 +24,7 @@ from qual.exits import Exit
 from qual.measurement import measure, with_repetitions
 from qual.record import RunRecord, TestResult, write_record
 from qual.store import Store, StoreError
+from qual.store.db import utc
 from qual.workloads.bandwidth import METRICS
 
 MODEL = "QUALTEST NVMe M1"
@@ -76,6 +78,10 @@ def test_a_run_is_stored_whole_and_once_and_can_be_queried_with_sql(store_url):
     assert drive == (MODEL, "S1", "1.0", 1 << 40, "32.0 GT/s PCIe x4")
     (run,) = rows(store_url, "SELECT id, rig, profile, verdict, qual_version FROM runs")
     assert run[:4] == (run_id, "rig-a", "ci", "PASS") and run[4]
+    # the run's start, in UTC whatever the server's zone (the test server's is New York)
+    ((started,),) = rows(store_url, "SELECT started FROM runs")
+    started = datetime.fromisoformat(started) if isinstance(started, str) else started  # SQLite
+    assert utc(started) == datetime(2026, 12, 6, 3, 0, 0)
     # the docs' first example query: a metric's value per drive and firmware
     found = rows(store_url, """
         SELECT d.serial, d.firmware, m.value, m.unit, m.verdict, m.repetitions
@@ -349,3 +355,21 @@ def test_a_family_command_with_a_profile_stores_its_run_judged_on_its_own_criter
                 cwd=tmp_path, timeout=300)  # no profile: nothing judged, nothing stored
     assert proc.returncode == Exit.PASS and "stored" not in proc.stderr
     assert len(rows(store_url, "SELECT id FROM runs")) == 1
+
+
+def test_a_resumed_run_s_record_replaces_the_one_its_stop_stored(store_url):
+    """A run stopped (a stall, Ctrl-C) stores its record; resumed, it ends again with the same
+    run id: the later record replaces the earlier, and the earlier never comes back."""
+    stopped = {**a_record(reads=(5e9,) * 3), "finished": "2026-12-06T03:10:00+0000"}
+    stopped["summary"] = {"verdict": "ERROR"}
+    stopped["tests"] = stopped["tests"][:1]
+    resumed = {**a_record(reads=(4e9,) * 3), "run_id": stopped["run_id"],
+               "finished": "2026-12-06T04:00:00+0000"}
+    with Store.open(store_url) as db:
+        assert db.put(stopped) == (stopped["run_id"], True)
+        assert db.put(resumed) == (stopped["run_id"], True)
+        assert db.put(stopped) == (stopped["run_id"], False)  # the earlier word: nothing
+        assert db.counts() == {"drives": 1, "runs": 1, "measurements": 2}
+    assert rows(store_url, "SELECT verdict FROM runs") == [("PASS",)]
+    assert rows(store_url, "SELECT value FROM measurements WHERE metric = 'seq_read_bw'") == \
+        [(4e9,)]

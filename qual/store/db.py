@@ -60,9 +60,7 @@ def _when(text: str | None) -> datetime | None:
         t = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z")
     except ValueError:
         t = datetime.fromisoformat(text)
-    if t.tzinfo is not None:
-        t = t.astimezone(timezone.utc).replace(tzinfo=None)
-    return t
+    return utc(t)
 
 
 def _verdict(verdicts: list[dict]) -> str | None:
@@ -137,8 +135,9 @@ def _postgresql_engine(url) -> Engine:
         url = url.set(drivername="postgresql+psycopg")
     return create_engine(url, pool_pre_ping=True, connect_args={
         "connect_timeout": CONNECT_S,
+        # times go in as UTC: the session's zone must be UTC whatever the server's is
         "options": f"-c statement_timeout={STATEMENT_S * 1000} "
-                   f"-c lock_timeout={STATEMENT_S * 1000}"})
+                   f"-c lock_timeout={STATEMENT_S * 1000} -c timezone=UTC"})
 
 
 class Store:
@@ -210,9 +209,10 @@ class Store:
     # ---- writing
 
     def put(self, record: dict) -> tuple[str, bool]:
-        """Store a run record (ValueError: not a whole one): its run id, and whether it was new
-        (False: it was stored before, and nothing changed). All of it or nothing: one
-        transaction."""
+        """Store a run record (ValueError: not a whole one): its run id, and whether the store
+        changed (False: it was stored before, and nothing changed). A record of a run stored
+        before that finished later (the run was stopped, stored, then resumed) replaces it;
+        an earlier one changes nothing. All of it or nothing: one transaction."""
         check_record(record)
         row = rows_of(record)
         try:
@@ -229,9 +229,17 @@ class Store:
                 drives.c.firmware == row.drive["firmware"])).scalar_one()
             added = c.execute(ins(runs, ("id",)).values(drive_id=drive_id, **row.run)
                               .returning(runs.c.id)).first() is not None
-            if added and row.measurements:
+            if not added:  # stored before: a later word on the run (resumed) replaces it
+                before = c.execute(select(runs.c.finished).where(runs.c.id == row.run_id)
+                                   ).scalar_one()
+                if not _later(row.run["finished"], before):
+                    return row.run_id, False
+                c.execute(measurements.delete().where(measurements.c.run_id == row.run_id))
+                c.execute(runs.update().where(runs.c.id == row.run_id)
+                          .values(drive_id=drive_id, **row.run))
+            if row.measurements:
                 c.execute(measurements.insert(), row.measurements)
-        return row.run_id, added
+        return row.run_id, True
 
     def _insert_ignoring_duplicates(self, table, keys: tuple[str, ...]):
         if self.engine.dialect.name == "postgresql":
@@ -295,7 +303,7 @@ class Store:
         with self.engine.connect() as c:
             for serial, run_id, started, rig, verdict in c.execute(q):
                 out.setdefault(serial, {"serial": serial, "run_id": run_id,
-                                        "started": started.strftime("%Y-%m-%d %H:%M:%S"),
+                                        "started": utc(started).strftime("%Y-%m-%d %H:%M:%S"),
                                         "rig": rig, "verdict": verdict})
         return list(out.values())
 
@@ -316,7 +324,7 @@ class Store:
             q = q.where(runs.c.profile == profile)
         keys = ("measurement", "unit", "firmware", "serial", "rig", "run_id", "started", "value")
         with self.engine.connect() as c:
-            return [dict(zip(keys, row)) for row in c.execute(q)]
+            return [{**dict(zip(keys, row)), "started": utc(row.started)} for row in c.execute(q)]
 
     def newest_profile(self, model: str, firmware: str) -> str | None:
         """The profile of the newest run of a model at a firmware: its file where that is
@@ -350,6 +358,19 @@ class Store:
         with self.engine.connect() as c:
             return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()
                     for t in (drives, runs, measurements)}
+
+
+def utc(t: datetime | None) -> datetime | None:
+    """A time as the store gives it back (PostgreSQL: aware; SQLite: naive UTC) in naive UTC,
+    as the store is given times."""
+    if t is not None and t.tzinfo is not None:
+        return t.astimezone(timezone.utc).replace(tzinfo=None)
+    return t
+
+
+def _later(finished: datetime | None, before: datetime | None) -> bool:
+    """Whether a run's record that finished at `finished` is later than the stored one's."""
+    return finished is not None and (before is None or finished > utc(before))
 
 
 def _reason(e: Exception) -> str:
