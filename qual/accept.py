@@ -150,7 +150,8 @@ def accept(db, model: str, firmware: str, profile: Profile) -> Acceptance:
 
 def lines(a: Acceptance) -> list[str]:
     """What `qual accept` prints: the drives, each figure's spread, the reasons, the answer."""
-    out = [f"qual accept: model {a.model}, firmware {a.firmware}, profile {a.profile}: "
+    out = [f"qual accept: model {a.model}, firmware {a.firmware or '(none reported)'}, "
+           f"profile {a.profile}: "
            f"{len(a.drives)} drive(s) (at least {a.min_drives})"]
     worst = {d.serial: max(((abs(f.z[d.serial]), f.id) for f in a.figures if d.serial in f.z),
                            default=(0.0, "")) for d in a.drives}

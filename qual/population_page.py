@@ -56,7 +56,8 @@ def _table(header: tuple[str, ...], rows: list[tuple], marked: set[int] = frozen
 
 
 def page(a: Acceptance) -> str:
-    title = f"Acceptance: {a.model}, firmware {a.firmware}, profile {a.profile}"
+    title = (f"Acceptance: {a.model}, firmware {a.firmware or '(none reported)'}, "
+             f"profile {a.profile}")
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in a.reasons) or \
         "<li>every drive passed, every spread within its bound, no outlier</li>"
     outlying = {s for f in a.figures for s in f.outliers}
