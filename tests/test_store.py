@@ -373,3 +373,18 @@ def test_a_resumed_run_s_record_replaces_the_one_its_stop_stored(store_url):
     assert rows(store_url, "SELECT verdict FROM runs") == [("PASS",)]
     assert rows(store_url, "SELECT value FROM measurements WHERE metric = 'seq_read_bw'") == \
         [(4e9,)]
+
+
+def test_where_the_store_is_said_without_its_password_and_off_stores_nothing(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setenv("QUAL_STORE", str(tmp_path / "lab.sqlite"))
+    assert store.url_of(None) == f"sqlite:///{tmp_path / 'lab.sqlite'}"
+    assert store.url_of("postgresql://u@h/db") == "postgresql://u@h/db"  # a flag beats $QUAL_STORE
+    assert store.shown("postgresql://qual:s3cret@db.lab:5432/qual") == \
+        "postgresql://qual:***@db.lab:5432/qual"
+    assert store.check_url("off") is None
+    assert store.store_record(a_record(), "off") == "not stored: the store is off"
+    assert not (tmp_path / "lab.sqlite").exists()
+    for bad in ("mysql://db/qual", "nothing://"):
+        with pytest.raises(StoreError, match="qual stores in SQLite or PostgreSQL"):
+            store.check_url(bad)

@@ -16,6 +16,8 @@ from pathlib import Path
 from qual.record import Baseline
 
 ENV = "QUAL_STORE"
+OFF = "off"  # --store off, QUAL_STORE=off: no store
+WHERE = "default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite; docs/store.md"
 SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][\w+.-]*)://")
 
 
@@ -39,10 +41,6 @@ def url_of(given: str | None = None) -> str:
     if "://" not in given:
         return f"sqlite:///{Path(given).expanduser().resolve()}"
     return given
-
-
-OFF = "off"
-WHERE = "default: $QUAL_STORE, else ~/.local/share/qual/qual-store.sqlite; docs/store.md"
 
 
 def add_option(parser, what: str, *, off: bool = False) -> None:
