@@ -248,9 +248,18 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     for each in (imp, info):
         store.add_option(each, "the store")
 
-    prof = sub.add_parser("profiles", help="list the shipped profiles, or check them")
+    prof = sub.add_parser("profiles", help="list the shipped profiles, show one, or check them",
+                          description="Without NAME: the shipped profiles, a line each. With "
+                                      "NAME (a shipped name or a .toml path): its settings, its "
+                                      "families and every criterion (bound, unit, severity, "
+                                      "tolerance, source, where it is written). Exit 0; 1: "
+                                      "--check found a bound no drive of the class can meet; "
+                                      "4: the profile is invalid.")
+    prof.add_argument("name", nargs="?", default=None, metavar="NAME",
+                      help="the profile to show (default: list them all)")
     prof.add_argument("--json", action="store_true",
-                      help="the profiles (name, description, file, families, criteria) as JSON")
+                      help="as JSON: the list (name, description, file, families, criteria), "
+                           "or NAME's settings and criteria")
     prof.add_argument("--check", nargs="?", const="", default=None, metavar="PROFILE",
                       help="check that a drive of the class can meet every bound (link, "
                       "published peaks, dataset size): the shipped profiles, or this one; "
@@ -285,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(args, extra, families)
         if args.command == "profiles":
-            return cmd_profiles(families, args.check, as_json=args.json)
+            if args.name is not None and args.check is None:
+                return cmd_profile(families, args.name, as_json=args.json)
+            return cmd_profiles(families, args.check if args.name is None else args.name,
+                                as_json=args.json)
         if args.command == "compare":
             return cmd_compare(args)
         if args.command == "report":
@@ -783,6 +795,50 @@ def _distributed(extra: list[str]) -> bool:
     """pytest-xdist's workers collect the tests, not the process that starts them."""
     return any(a in ("-n", "--numprocesses") or a.startswith(("-n", "--numprocesses="))
                for a in extra)
+
+
+def cmd_profile(families: dict, name: str, as_json: bool = False) -> int:
+    """`qual profiles NAME`: one profile's settings and criteria."""
+    try:
+        profile = thresholds.load_profile(name, families)
+    except thresholds.ProfileError as e:
+        print(f"qual profiles: error: {name}: invalid profile:\n{e}", file=sys.stderr)
+        return Exit.REFUSED
+    settings = {k: v for k, v in profile.as_dict().items()
+                if k not in ("name", "description", "path", "files", "tolerances", "digest")}
+    settings["population"] = dict(vars(profile.population))
+    criteria = [{"id": c.id, "family": c.family, "metric": c.metric, "params": c.param_dict,
+                 "min": c.min, "max": c.max, "unit": c.unit, "severity": c.severity,
+                 "tolerance": c.tolerance, "source": c.source, "origin": c.origin}
+                for c in profile.criteria]
+    if as_json:
+        print(json.dumps({"name": profile.name, "description": profile.description,
+                          "files": [str(f) for f in profile.files], "digest": profile.digest,
+                          "families": sorted(profile.tables), "settings": settings,
+                          "criteria": criteria}, indent=2, default=str))
+        return Exit.PASS
+    print(f"{profile.name}: {profile.description}")
+    print("files: " + " <- ".join(str(f) for f in profile.files))
+    print("families: " + ", ".join(sorted(profile.tables)))
+    rules = settings.pop("population")
+    for key, value in settings.items():
+        print(f"{key}: " + (f"{value * 100:g} %" if key == "tolerance" else str(value)))
+    print(f"population (qual accept): at least {rules['min_drives']} drives, max_spread "
+          f"{rules['max_spread'] * 100:g} %, outlier_z {rules['outlier_z']:g}, min_deviation "
+          f"{rules['min_deviation'] * 100:g} %" + "".join(
+              f", {mid} max_spread {r * 100:g} %" for mid, r in rules["spreads"].items()))
+    rows = []
+    for c in profile.criteria:
+        bounds = [f">= {units.format_quantity(c.min, c.unit)}" if c.min is not None else "",
+                  f"<= {units.format_quantity(c.max, c.unit)}" if c.max is not None else ""]
+        tol = f"{c.tolerance * 100:g} %" if c.tolerance is not None else "-"
+        rows.append((c.id, " and ".join(b for b in bounds if b), c.severity, tol, c.source,
+                     c.origin))
+    print(f"{len(rows)} criteria:")
+    for line in report.table_lines(rows, header=("criterion", "bound", "severity", "tolerance",
+                                                 "source", "written at")):
+        print(line)
+    return Exit.PASS
 
 
 def cmd_profiles(families: dict, check: str | None = None, as_json: bool = False) -> int:

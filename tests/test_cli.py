@@ -206,6 +206,30 @@ def test_profiles_json_lists_each_profile_with_its_families_and_criteria():
     assert "seq_read_bw[bs=1M,qd=16]" in docs["ci"]["criteria"]
 
 
+def test_profiles_name_shows_one_profile_s_settings_and_every_criterion(tmp_path):
+    """`qual profiles NAME`: what a profile asks, without reading its TOML (and its parents')."""
+    proc = qual("profiles", "ci")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("ci: CI and laptops") and "tolerance: 25 %" in out
+    assert "repeats: 3" in out and "population (qual accept): at least 3 drives" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("seq_read_bw[bs=1M,qd=16] ")]
+    assert ">= 20 MiB/s" in line and "critical" in line and "ci.toml:bandwidth.criteria[0]" in line
+    doc = json.loads(qual("profiles", "ci", "--json").stdout)
+    (c,) = [c for c in doc["criteria"] if c["id"] == "seq_read_bw[bs=1M,qd=16]"]
+    assert (c["min"], c["unit"], c["severity"]) == (20 * 2**20, "MiB/s", "critical")
+    assert doc["settings"]["repeats"] == 3 and len(doc["criteria"]) == int(
+        next(x for x in out.splitlines() if x.endswith(" criteria:")).split()[0])
+    # an extending profile shows what it inherits, and from where
+    child = tmp_path / "child.toml"
+    child.write_text('[profile]\nextends = "ci"\ndescription = "a child"\ntolerance = "10 %"\n')
+    out = qual("profiles", str(child)).stdout
+    assert "tolerance: 10 %" in out and "ci.toml:bandwidth.criteria[0]" in out
+    assert "child.toml <- " in out
+    proc = qual("profiles", "nosuch")
+    assert proc.returncode == 4 and "no such profile file or name" in proc.stderr
+
+
 def test_run_help_lists_the_plugin_options_and_the_exit_codes():
     out = qual("run", "--help").stdout
     for option in ("--qual-allow-destructive", "--qual-confirm-serial", "--qual-repeats",
