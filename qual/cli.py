@@ -173,16 +173,18 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                          description="Compare every judged measurement of NEW with the same "
                                      "measurement of the BASELINE runs (their repetitions "
                                      "pooled), against the profile's tolerance: regressed only "
-                                     "when the change's 95 %% interval lies wholly beyond it. "
+                                     "when the change's 95 % interval lies wholly beyond it. "
                                      "Exit 0: all within tolerance; 1: a regression; 2: refused "
                                      "or unreadable; 3: no regression, but a metric improved "
                                      "beyond its tolerance (refresh the baseline); 5: no "
                                      "regression, but the noise is larger than the question "
-                                     "for a metric (inconclusive: repeat it).")
+                                     "for a metric (inconclusive: repeat it). The same run on "
+                                     "both sides is identical: exit 0.")
     cmp.add_argument("records", nargs="+", metavar="BASELINE... NEW",
                      help="the previous run records (qual-run.json files, or folders of "
-                          "them: runs of the old firmware), then the run record to judge; "
-                          "with --baseline, only the record to judge")
+                          "them: runs of the old firmware), then the run record to judge (or a "
+                          "folder of runs of the new firmware, pooled); with --baseline, only "
+                          "the record to judge")
     cmp.add_argument("--baseline", default=None, metavar="SELECTOR|PATH",
                      help="the baseline from the results store: every run of a model and "
                           "firmware ('model=X firmware=1.2'), of one drive ('serial=S'), or "
@@ -531,11 +533,12 @@ def cmd_compare(args) -> int:
     if args.baseline is None and len(args.records) < 2:
         return fail("give the baseline run record(s), then the new one (or --baseline)")
     args.new = args.records[-1]
-    try:
-        new = record.read_record(args.new)
+    try:  # NEW may be a folder of runs, pooled as the baseline's are
+        news = [record.read_record(p) for p in record.record_paths([args.new])]
+        new = news[0]
         if args.baseline is not None:
             base = store.baseline(args.baseline, args.store, profile=new["profile"].get("name"),
-                                  exclude=store.run_id_of(new))
+                                  exclude=record.run_id_of(new))
             olds, label, sources = base.records, base.label, [base.path]
             # the store's baseline grows with every stored run; a file baseline is replaced
             refresh = f"qual store import {args.new}" if store.is_selector(args.baseline) \
@@ -551,6 +554,14 @@ def cmd_compare(args) -> int:
         tolerance = units.parse_quantity(args.tolerance, "ratio") if args.tolerance else None
     except (ValueError, units.UnitError, store.StoreError) as e:
         return fail(str(e))
+    # a run is never its own baseline: the same run on both sides is identical, not a question
+    judged = {record.run_id_of(n) for n in news}
+    olds = [o for o in olds if record.run_id_of(o) not in judged]
+    if not olds:
+        said = f"identical: {args.new} is the baseline run itself; there is nothing to compare"
+        print(json.dumps({"baseline": args.baseline, "new": args.new, "identical": True,
+                          "metrics": []}, indent=2) if args.json else said)
+        return Exit.PASS
     old = olds[0]
     refused = sorted({r for o in olds for r in record.mismatches(
         o, model=record.drive_model(new), profile=new.get("profile", {}).get("name"))})
@@ -560,7 +571,7 @@ def cmd_compare(args) -> int:
     if refused:
         return fail("; ".join(refused) + " (--allow-other-drive / --allow-other-profile to "
                     "compare them anyway)")
-    rows, gone, added = record.compare_records(olds, new, old_label=label,
+    rows, gone, added = record.compare_records(olds, news, old_label=label,
                                                default_tolerance=tolerance,
                                                gate_all=args.gate_all)
     if not rows:
@@ -579,9 +590,10 @@ def cmd_compare(args) -> int:
                           "not_gated": len(shown), "only_in_baseline": gone,
                           "only_in_new": added, "refresh_baseline": refresh}, indent=2))
     else:
-        pooled = f" (and {len(olds) - 1} more run(s), pooled)" if len(olds) > 1 else ""
-        for label, path, doc, more in (("baseline", args.baseline, old, pooled),
-                                       ("new", args.new, new, "")):
+        def pooled(runs: list) -> str:
+            return f" (and {len(runs) - 1} more run(s), pooled)" if len(runs) > 1 else ""
+        for label, path, doc, more in (("baseline", args.baseline, old, pooled(olds)),
+                                       ("new", args.new, new, pooled(news))):
             print(f"{label:8}  {path}: {report.run_label(doc)}{more}")
         for line in report.table_lines(report.comparison_rows(rows),
                                        header=report.COMPARISON_HEADER):

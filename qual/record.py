@@ -3,6 +3,7 @@ baseline record (the measurements, verdicts and regressions in it: qual.measurem
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -81,6 +82,15 @@ def check_record(data) -> None:
                              f"{kind.__name__})")
     if not isinstance(data["summary"].get("verdict"), str):
         raise ValueError("not a whole qual run record (its summary has no verdict)")
+
+
+def run_id_of(record: dict) -> str:
+    """A record's key: its `run_id`, or for a record older than run ids, the digest of its
+    content (so importing it twice stores it once)."""
+    if record.get("run_id"):
+        return str(record["run_id"])
+    body = json.dumps(record, sort_keys=True, default=str).encode()
+    return "sha256:" + hashlib.sha256(body).hexdigest()[:56]
 
 
 def comparable_measurements(record: dict) -> dict[str, dict]:

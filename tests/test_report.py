@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,10 @@ def qual(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def planted(record: dict, metric: str, factor: float, path: Path) -> Path:
-    """A copy of a record with every `metric` measurement multiplied by factor."""
+    """A copy of a record with every `metric` measurement multiplied by factor: another run
+    (a run id of its own)."""
     doc = json.loads(json.dumps(record))
+    doc["run_id"] = uuid.uuid4().hex
     hits = 0
     for t in doc["tests"]:
         for m in t["measurements"]:
@@ -150,12 +153,46 @@ def test_compare_fails_a_planted_regression_and_names_it(tiny_run, tmp_path):
     assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_compare_of_identical_records_passes(tiny_run):
-    _, results, _ = tiny_run
+def test_the_same_run_on_both_sides_is_identical_not_a_question(tiny_run, tmp_path):
+    _, results, record = tiny_run
     old = results / "qual-run.json"
     proc = qual("compare", str(old), str(old), "--tolerance", "5%")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert " 0 regressed, 0 improved" in proc.stdout
+    assert proc.stdout.startswith(f"identical: {old} is the baseline run itself")
+    doc = json.loads(qual("compare", str(old), str(old), "--json").stdout)
+    assert doc["identical"] is True and doc["metrics"] == []
+    # among other runs of the baseline, the judged run is left out of it, not pooled with itself
+    folder = tmp_path / "old-firmware"
+    (folder / "a").mkdir(parents=True)
+    shutil.copy(old, folder / "a" / "qual-run.json")
+    (folder / "b").mkdir()
+    planted(record, "seq_read_bw", 1.0, folder / "b" / "qual-run.json")
+    doc = json.loads(qual("compare", str(folder), str(old), "--json").stdout)
+    row = next(m for m in doc["metrics"] if m["id"].startswith("seq_read_bw"))
+    assert row["repetitions"][1] == len(record_reps(record, row["id"]))  # b's alone
+
+
+def record_reps(record: dict, mid: str) -> list:
+    return next(m["context"].get("repetitions") or [m["value"]] for t in record["tests"]
+                for m in t["measurements"] if m["id"] == mid and
+                (m["context"].get("repetition") or [1, 1])[0] ==
+                (m["context"].get("repetition") or [1, 1])[1])
+
+
+def test_new_may_be_a_folder_of_runs_pooled(tiny_run, tmp_path):
+    _, results, record = tiny_run
+    new = tmp_path / "new-firmware"
+    for i, factor in enumerate((0.99, 1.01)):
+        (new / f"r{i}").mkdir(parents=True)
+        planted(record, "seq_read_bw", factor, new / f"r{i}" / "qual-run.json")
+    proc = qual("compare", str(results / "qual-run.json"), str(new), "--tolerance", "5%",
+                "--json")
+    assert proc.returncode in (0, 5), proc.stdout + proc.stderr
+    row = next(m for m in json.loads(proc.stdout)["metrics"] if m["id"].startswith("seq_read_bw"))
+    n = len(record_reps(record, row["id"]))
+    assert row["repetitions"] == [2 * n, n]  # both new runs pooled
+    said = qual("compare", str(results / "qual-run.json"), str(new), "--tolerance", "5%")
+    assert "(and 1 more run(s), pooled)" in said.stdout.splitlines()[1]
 
 
 def test_compare_flags_an_improvement_beyond_tolerance(tiny_run, tmp_path):
@@ -204,7 +241,7 @@ def test_compare_gates_what_the_profile_judges_and_shows_the_rest(tiny_run, tmp_
 
 def test_compare_refuses_another_drive_or_profile(tiny_run, tmp_path):
     _, results, record = tiny_run
-    other = json.loads(json.dumps(record))
+    other = {**json.loads(json.dumps(record)), "run_id": uuid.uuid4().hex}  # another run
     other["target"].setdefault("identity", {})["model"] = "OTHER DRIVE 9000"
     other["profile"]["name"] = "gen5-tlc"
     path = tmp_path / "other.json"

@@ -148,7 +148,7 @@ def store_record(record: dict, given: str | None = None) -> str:
 
 def __getattr__(name: str):
     """`Store` and the schema's `metadata`, from qual.store.db when first asked for."""
-    if name in ("Store", "metadata", "run_id_of"):
+    if name in ("Store", "metadata"):
         from qual.store import db
 
         return getattr(db, name)

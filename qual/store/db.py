@@ -8,8 +8,6 @@ PostgreSQL at most CONNECT_S to connect and STATEMENT_S for a statement or a loc
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +17,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from qual.measurement import is_final, repetitions_of
-from qual.record import check_record, read_record, record_paths
+from qual.record import check_record, read_record, record_paths, run_id_of
 from qual.store import StoreError, check_url, shown
 from qual.store.schema import drives, measurements, metadata, runs
 
@@ -41,15 +39,6 @@ class Row:
     drive: dict
     run: dict
     measurements: list[dict]
-
-
-def run_id_of(record: dict) -> str:
-    """A record's key: its `run_id`, or for a record older than run ids, the digest of its
-    content (so importing it twice stores it once)."""
-    if record.get("run_id"):
-        return str(record["run_id"])
-    body = json.dumps(record, sort_keys=True, default=str).encode()
-    return "sha256:" + hashlib.sha256(body).hexdigest()[:56]
 
 
 def _when(text: str | None) -> datetime | None:
@@ -384,4 +373,4 @@ def _reason(e: Exception) -> str:
 
 
 
-__all__ = ["Store", "metadata", "rows_of", "run_id_of"]
+__all__ = ["Store", "metadata", "rows_of"]
