@@ -701,9 +701,34 @@ def cmd_store(args) -> int:
     return Exit.USAGE if refused else Exit.PASS
 
 
+def taken_option(extra: list[str], name: str) -> tuple[str | None, list[str]]:
+    """The value of a pytest option among `qual run`'s extra arguments (`--name=V` or
+    `--name V`; the last one given), and the arguments without it."""
+    value, rest, i = None, [], 0
+    while i < len(extra):
+        if extra[i].startswith(f"{name}="):
+            value = extra[i].split("=", 1)[1]
+        elif extra[i] == name and i + 1 < len(extra):
+            value = extra[i + 1]
+            i += 1
+        else:
+            rest.append(extra[i])
+        i += 1
+    return value, rest
+
+
 def cmd_run(args, extra: list[str], families: dict) -> int:
     import pytest
 
+    # one results folder: the plugin's spelling of it is --results too (record and Allure
+    # results always land together)
+    given, extra = taken_option(extra, "--qual-results")
+    if given is not None:
+        if args.results is not None and Path(args.results) != Path(given):
+            print(f"qual run: error: --results {args.results} and --qual-results {given} name "
+                  "two folders: give one", file=sys.stderr)
+            return Exit.USAGE
+        args.results = given
     if args.resume and args.results and Path(args.results) != Path(args.resume):
         print("qual run: error: --resume RESULTS is the results folder; --results names "
               "another", file=sys.stderr)

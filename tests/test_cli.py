@@ -230,6 +230,22 @@ def test_profiles_name_shows_one_profile_s_settings_and_every_criterion(tmp_path
     assert proc.returncode == 4 and "no such profile file or name" in proc.stderr
 
 
+@pytest.mark.parametrize("spelling", [["--qual-results", "X"], ["--qual-results=X"],
+                                      ["--results", "X"]])
+def test_one_results_folder_however_it_is_spelled(tmp_path, spelling):
+    """The record and the Allure results of a run land in one folder, whether it is named
+    with qual run's --results or the plugin's --qual-results."""
+    proc = qual("run", "--profile", str(TINY_PROFILE), "--target", str(tmp_path / "t.dat"),
+                *spelling, "-q", "-k", "seq_read", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    assert (tmp_path / "X" / "qual-run.json").exists()
+    assert list((tmp_path / "X" / "allure-results").glob("*-result.json"))
+    assert not (tmp_path / "qual-results").exists()
+    both = qual("run", "--profile", str(TINY_PROFILE), "--results", "A", "--qual-results", "B",
+                cwd=tmp_path)
+    assert both.returncode == 2 and "name two folders" in both.stderr
+
+
 def test_run_help_lists_the_plugin_options_and_the_exit_codes():
     out = qual("run", "--help").stdout
     for option in ("--qual-allow-destructive", "--qual-confirm-serial", "--qual-repeats",
