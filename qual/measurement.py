@@ -18,8 +18,8 @@ from qual.stats import median
 
 @dataclass(frozen=True)
 class Param:
-    """A parameter that selects a measurement (e.g. bs, qd); `kind` is size, count, number or
-    name (a word, e.g. a loader)."""
+    """A parameter that selects a measurement (e.g. bs, qd); `kind` is size, count, number,
+    percentile (above 0, at most 100) or name (a word, e.g. a loader)."""
 
     name: str
     kind: str
@@ -35,6 +35,9 @@ class Param:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise units.UnitError(f"{self.name} {value!r} is not a number")
+        if self.kind == "percentile" and not 0 < value <= 100:
+            raise units.UnitError(f"{self.name} {value!r} is not a percentile: give one above 0 "
+                                  "and at most 100 (99, 99.9, 100 for the maximum)")
         return value
 
     def show(self, value: int | float) -> str:

@@ -243,7 +243,12 @@ def _load_chain(path: Path, families: dict[str, Family], problems, seen: list[Pa
     raw = path.read_bytes()
     try:
         data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:  # said by its line, as a person finds it in an editor
+        line = raw[:e.start].count(b"\n") + 1
+        problems.append((label, "toml", f"line {line}: a byte that is not UTF-8 "
+                                        f"({raw[e.start:e.start + 1]!r}); save the file as UTF-8"))
+        return []
+    except tomllib.TOMLDecodeError as e:
         problems.append((label, "toml", str(e)))
         return []
     doc = {"path": path, "label": label, "raw": raw, "profile": {}, "tables": {}, "criteria": [],

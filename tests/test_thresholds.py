@@ -97,6 +97,11 @@ def test_good_profile_loads(tmp_path):
     (('block_sizes = ["1M", "4K"]', ''), "p.toml:bandwidth.block_sizes: missing"),
     (('description = "test class"', 'description = "test class"\nlink = "Gen5"'), "p.toml:profile.link: 'Gen5' is not a PCIe link"),
     (('description = "test class"', 'description = "test class"\npeak_read_bw = { "1M" = "6 GiB" }'), "p.toml:profile.peak_read_bw.1M: unit 'GiB' measures size, not bandwidth"),
+    # a percentile outside (0, 100] is said to be one, not "not measured"
+    (('metric = "seq_read_bw"\nparams = { bs = "1M", qd = 32 }',
+      'metric = "rand_read_lat"\nparams = { bs = "4K", qd = 1, pct = 150 }'),
+     "p.toml:bandwidth.criteria[0].params.pct: pct 150 is not a percentile: give one above 0 "
+     "and at most 100"),
     # TOML itself
     (('[profile]', '[profile'), "p.toml:toml: "),
 ])
@@ -104,6 +109,16 @@ def test_each_kind_of_bad_profile_says_where_and_what(tmp_path, mutation, expect
     old, new = mutation
     assert old in GOOD
     assert expected in problems(tmp_path, GOOD.replace(old, new, 1))
+
+
+def test_a_byte_that_is_not_utf8_is_said_by_its_line(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_bytes(GOOD.replace('source = "D7-PS1010', 'source = "D7-PS1010 caf\xe9').encode(
+        "latin-1"))
+    with pytest.raises(ProfileError) as e:
+        load_profile(path, registry())
+    line = GOOD.splitlines().index('source = "D7-PS1010 6.2 GiB/s"') + 1
+    assert f"p.toml:toml: line {line}: a byte that is not UTF-8 (b'\\xe9')" in str(e.value)
 
 
 def test_every_problem_is_reported_at_once(tmp_path):

@@ -25,7 +25,7 @@ PATTERNS = {
 # maximum
 LATENCY_PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99, 99.9999, 100.0)
 
-_BS, _QD, _PCT = Param("bs", "size"), Param("qd", "count"), Param("pct", "number")
+_BS, _QD, _PCT = Param("bs", "size"), Param("qd", "count"), Param("pct", "percentile")
 
 
 def _metrics() -> dict[str, Metric]:

@@ -60,7 +60,7 @@ MODELS = {m.name: m for m in (
 # the reference's QoS classes: end-to-end latency targets (seconds) at p95 and p99
 QOS = {"interactive": (0.050, 0.100), "responsive": (0.100, 0.200), "batch": (1.0, 5.0)}
 MODES = ("fixed", "qos", "capacity")
-_PCT, _OP, _CLASS, _TIER = (Param("pct", "number"), Param("op", "name"), Param("class", "name"),
+_PCT, _OP, _CLASS, _TIER = (Param("pct", "percentile"), Param("op", "name"), Param("class", "name"),
                             Param("tier", "name"))
 PERCENTILES = (50.0, 95.0, 99.0)
 
