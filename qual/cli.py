@@ -18,7 +18,7 @@ from pathlib import Path
 
 from qual import command, engine, record, report, shipped, store, thresholds, units, watchdog
 from qual.exits import Exit, help_text
-from qual.engine import QualError
+from qual.engine import InvalidJob, QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.session import LAST_RECORD
 from qual.record import RECORD_NAME
@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_accept(args, families)
         if args.command == "history":
             return cmd_history(args)
+    except InvalidJob as e:  # the job's own parameters: a bad flag, refused before any I/O
+        print(f"qual {args.command}: error: {e}", file=sys.stderr)
+        return Exit.USAGE
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
         return Exit.FAIL
@@ -351,7 +354,7 @@ def cmd_clean(args, families: dict) -> int:
 def cmd_io(args) -> int:
     op, pattern = RW[args.rw]
     if args.rwmixread is not None and op != "mixed":
-        raise QualError(errno.EINVAL, f"--rwmixread applies to rw and randrw, not {args.rw}")
+        raise InvalidJob(errno.EINVAL, f"--rwmixread applies to rw and randrw, not {args.rw}")
     target = command.open_target(args.target, args)
     # as in fio, a job without a runtime moves --size, rounded down to whole blocks
     whole = args.size - args.size % args.bs if args.bs > 0 else args.size

@@ -79,8 +79,9 @@ def test_io_flag_errors_before_any_io(tmp_path, args, message):
     (["--rw", "randread", "--rwmixread", "70"], "--rwmixread applies to rw and randrw"),
 ])
 def test_io_job_errors_before_any_io(tmp_path, args, message):
+    """A job's parameters the engine refuses are bad flags too: exit 2, as argparse's."""
     proc = qual("io", "--target", str(tmp_path), *args)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert message in proc.stderr
     assert not list(tmp_path.glob("qual-target.dat"))
 
