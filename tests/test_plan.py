@@ -51,8 +51,19 @@ def test_a_target_too_small_is_refused_once_saying_what_is_free(tmp_path, tmpfs)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 4, said
     assert "Traceback" not in said and said.count("does not fit") == 1
+    assert "_pytest" not in said  # the sentence, never a pytest exception's name
     assert "needs 1 GiB" in said and "free" in said and "in reserve" in said
     assert os.listdir(tmpfs) == []  # no scratch file, no lock left
+
+
+def test_a_device_that_does_not_exist_is_refused_by_a_sentence(tmp_path):
+    proc = qual("run", "--target", "/dev/qual-no-such-device", "--profile", str(TINY_PROFILE),
+                cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 4, said
+    assert "ERROR: qual: the run cannot be planned: /dev/qual-no-such-device: does not exist" \
+        in proc.stderr
+    assert "_pytest" not in said and "Traceback" not in said
 
 
 @needs_root

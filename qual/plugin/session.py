@@ -354,8 +354,8 @@ class QualSession:
                     self.plans[spec] = self.make_plan(spec, chosen)
                     self.plans[spec].left_out = self.left_out(spec)
                     self.eta.plan(self.plans[spec].as_dict()["tests"])
-        except QualError as e:
-            pytest.exit(f"qual: the run cannot be planned: {e}", returncode=Exit.REFUSED)
+        except QualError as e:  # said as a sentence (pytest's usage error: exit 4), no trace
+            raise pytest.UsageError(f"qual: the run cannot be planned: {e}") from None
         refused = [f"{spec}: {r}" if len(self.plans) > 1 else r
                    for spec, plan in self.plans.items() for r in plan.refusals]
         if opt.qual_plan:
@@ -374,7 +374,7 @@ class QualSession:
         said = "qual: refused before any I/O, nothing was written:\n" + \
             "\n".join(f"  - {r}" for r in refused)
         if self.worker is None:
-            pytest.exit(said, returncode=Exit.REFUSED)
+            raise pytest.UsageError(said)
         # an xdist worker has already told the controller what it collected: every test it is
         # given fails in set-up, untouched, and the worker stops (`qual run -n` plans first)
         self.refused = said
@@ -396,8 +396,8 @@ class QualSession:
             said = journal.differences(self.profile.as_dict(),
                                        self.open_target(spec).identity.as_dict())
             if said:
-                pytest.exit(f"qual: --qual-resume {journal.path}: another drive or run: "
-                            + "; ".join(said), returncode=Exit.REFUSED)
+                raise pytest.UsageError(f"qual: --qual-resume {journal.path}: another drive or "
+                                        "run: " + "; ".join(said))
             if spec in self.raw and not plan_only:
                 with contextlib.suppress(QualError):  # not qual's: the guard names it
                     erase_leftover(spec)
