@@ -782,7 +782,9 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
                 old.replace(old.with_name(LAST_RECORD))
         for old in [results / JOURNAL_NAME, *results.glob(f"*/{JOURNAL_NAME}")]:
             old.unlink(missing_ok=True)
-    return int(pytest.main(argv + [f"--alluredir={alluredir}"] + extra))
+    code = int(pytest.main(argv + [f"--alluredir={alluredir}"] + extra))
+    # pytest says 2 for Ctrl-C, which is qual's usage error: qual says 130, as its help does
+    return Exit.INTERRUPTED if code == pytest.ExitCode.INTERRUPTED else code
 
 
 def resumed_run(results: Path) -> dict:

@@ -40,7 +40,7 @@ def test_suite_passes_on_the_default_target(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: PASS" in proc.stdout
     assert re.search(r"\[bandwidth\]\ncriterion\s+measured\s+bound\s+margin\s+verdict\s+source", proc.stdout)
-    assert not (tmp_path / ".qual" / "target.dat").exists()  # scratch removed
+    assert not (tmp_path / ".qual").exists()  # scratch removed, and the folder qual made for it
 
     record = load_record(results)
     assert record["schema"] == "qual-run/1" and record["summary"]["verdict"] == "PASS"

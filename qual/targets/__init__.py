@@ -9,6 +9,7 @@ target prepares names the inode that was checked, and the engine opens nothing e
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -83,6 +84,7 @@ class Target:
         self.consent_flags = consent_flags  # how the command spells the two, for its refusals
         self.progress = None  # where long preparations (the fill) say how far they are
         self._default = spec is None  # .qual/ is made when the scratch file is first needed
+        self._made_folder = False  # this Target made .qual/: it removes it once it is empty
         self.inode: tuple[int, int] | None = None  # what prepared jobs may open (checked)
         self._claim_fd: int | None = None  # a block device held exclusively for writes
         # a qualification's reads of a block device read blocks this run wrote (the plugin
@@ -226,8 +228,7 @@ class Target:
             self.inode = self._check_foreign_file(size)
             return
         if owned is None:
-            if self._default:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_folder()
             owned = scratch.create(self.path)
         self.inode = owned.inode
         if owned.written >= size:
@@ -351,8 +352,7 @@ class Target:
                 fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             else:
                 self._lock_path = self.lock_file
-                if self._default:
-                    self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+                self._make_folder()
                 fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
                              os.O_CLOEXEC, 0o644)
         except OSError as e:
@@ -365,8 +365,16 @@ class Target:
                                     target=self.spec) from None
         self._lock_fd = fd
 
+    def _make_folder(self) -> None:
+        """The default target's folder (.qual/), made where it is missing."""
+        if self._default and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._made_folder = True
+
     def unlock(self) -> None:
-        """Let go of the target: the lock, and the exclusive hold of a block device."""
+        """Let go of the target: the lock, the exclusive hold of a block device, and the
+        folder .qual/ where this run made it and left nothing in it (a run stopped by Ctrl-C
+        included)."""
         self.release_claim()
         if self._lock_fd is None:
             return
@@ -374,6 +382,9 @@ class Target:
             self._lock_path.unlink(missing_ok=True)
         os.close(self._lock_fd)
         self._lock_fd = None
+        if self._made_folder:
+            with contextlib.suppress(OSError):  # not empty: the kept scratch file is in it
+                self.path.parent.rmdir()
 
     def cleanup(self) -> list[str]:
         """Remove the scratch file, only if qual provably created it, and the lock file a
