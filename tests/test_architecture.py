@@ -178,3 +178,13 @@ def test_no_family_names_a_suite_function():
     declared = {name for name, fam in registry().items() if fam.tests}
     assert declared >= {"bandwidth", "kvcache", "checkpoint", "training", "gnn", "pts",
                         "integrity"}
+
+
+def test_the_readme_s_table_of_exit_statuses_is_qual_s():
+    """One table of exit statuses, the README's, and it is qual.exits' (every code, its
+    meaning as the commands' help says it)."""
+    from qual.exits import MEANINGS, Exit
+
+    readme = (ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", readme, re.M))
+    assert rows == {str(int(c)): MEANINGS[c] for c in Exit}
