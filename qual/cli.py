@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qual import command, engine, record, report, shipped, store, thresholds, units, watchdog
+from qual import command, engine, flags, record, report, shipped, store, thresholds, units, watchdog
 from qual.exits import Exit, help_text
 from qual.engine import InvalidJob, QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
@@ -285,8 +285,14 @@ def main(argv: list[str] | None = None) -> int:
         return Exit.USAGE
     parser = _parser(families)
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "run":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra and args.command != "run":  # said with the command's own usage
+        said = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        was = flags.renamed(args.family.fields) if hasattr(args, "family") else {}
+        for word in extra:
+            if word.split("=")[0] in was:
+                said.choices[args.command].error(
+                    f"{word.split('=')[0]} was renamed: use {was[word.split('=')[0]]}")
+        said.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "io":
             with command.watched("io", args.target, args.command_timeout):

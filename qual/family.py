@@ -31,6 +31,7 @@ class Field:
     aliases: tuple[str, ...] = ()  # other spellings users already type
     negations: tuple[str, ...] = ()  # bool: spellings of --no-NAME users already type
     words: tuple[tuple[str, object], ...] = ()  # flag words that stand for a value ("both")
+    was: tuple[str, ...] = ()  # flag spellings removed: given, they are told the new one
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,11 @@ def flag_fields(fields: tuple[Field, ...], prefix: str = "") -> list[tuple[str, 
     return out
 
 
+def renamed(fields: tuple[Field, ...]) -> dict[str, str]:
+    """Removed flag spellings (a field's `was`) -> the flag that replaced each."""
+    return {old: field_flags(key, f)[0] for key, f in flag_fields(fields) for old in f.was}
+
+
 def claimed(fields: tuple[Field, ...]) -> set[str]:
     """Every flag the fields' flags use (so the command adds no generic flag of that name)."""
     return {spelling for key, f in flag_fields(fields)

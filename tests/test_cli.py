@@ -283,3 +283,15 @@ def test_a_refusal_names_the_flags_of_the_command_that_refused(loop_device, tmp_
     assert "--qual-" not in io.stderr
     run = qual("run", "--target", dev, "--plan", cwd=tmp_path)
     assert "need --qual-allow-destructive" in run.stdout + run.stderr
+
+
+def test_a_removed_flag_says_what_replaced_it_with_its_command_s_usage(tmp_path):
+    proc = qual("checkpoint", "--keep", "3", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: qual checkpoint ")
+    assert proc.stderr.strip().endswith("qual checkpoint: error: --keep was renamed: use "
+                                        "--retention")
+    proc = qual("io", "--bogus", "1", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: qual io ")
+    assert "qual io: error: unrecognized arguments: --bogus 1" in proc.stderr
+    assert not list(tmp_path.iterdir())  # before any I/O

@@ -61,7 +61,8 @@ FIELDS = (
     Field("per_pass", "count", default=0, minimum=0, aliases=("--count",),
           help="checkpoints per pass (0: as many as fill the target to `utilisation`)"),
     Field("utilisation", "ratio", default="60 %"),
-    Field("retention", "count", default=2, help="checkpoints kept after each pass"),
+    Field("retention", "count", default=2, help="checkpoints kept after each pass",
+          was=("--keep",)),
     Field("restore", "bool", default=True),
     Field("procedure", "choice", default="passes", choices=("passes", "mlperf-v2"),
           help="passes: seed 004's passes that fill the target; mlperf-v2: MLPerf Storage "
