@@ -85,15 +85,22 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     io = sub.add_parser("io", help="run one I/O job (fio-like flags)",
-                        description="Run one I/O job on a target and print what it measured.")
+                        description="Run one I/O job on a target and print what it measured, "
+                                    "as fio does. Exit 0: done; 1: the target or the drive "
+                                    "failed (an I/O error, a stall); 2: a bad flag or job, "
+                                    "before any I/O; 130: interrupted.")
     io.add_argument("--target", default=None,
                     help="file, directory or block device (default: .qual/target.dat)")
-    io.add_argument("--rw", choices=list(RW), default="randread")
+    io.add_argument("--rw", choices=list(RW), default="randread",
+                    help="the pattern, as fio's rw (default randread)")
     io.add_argument("--rwmixread", type=int, default=None, metavar="PERCENT",
                     help="rw/randrw: per cent of I/Os that read (default 50, as in fio)")
-    io.add_argument("--bs", type=size, default=4096, help="block size (4k, 128K, 1M)")
-    io.add_argument("--iodepth", type=positive, default=1, help="I/Os in flight per job")
-    io.add_argument("--numjobs", type=positive, default=1, help="workers (threads)")
+    io.add_argument("--bs", type=size, default=4096,
+                    help="block size: 4k, 128K, 1M (default 4k)")
+    io.add_argument("--iodepth", type=positive, default=1,
+                    help="I/Os in flight per job (default 1)")
+    io.add_argument("--numjobs", type=positive, default=1,
+                    help="workers, each a thread with its own ring (default 1)")
     io.add_argument("--iodepth_batch_submit", "--iodepth_batch", dest="submit_batch", type=int,
                     default=1, help="I/Os per submission syscall, 0 for all ready (fio's "
                                     "default 1: each I/O at once)")
@@ -106,7 +113,8 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     io.add_argument("--ioengine", "--engine", dest="engine", choices=engine.BACKENDS,
                     default="auto", help="I/O backend (fio's ioengine): io_uring, psync, or "
                                          "auto (io_uring where available)")
-    io.add_argument("--seed", type=int, default=1)
+    io.add_argument("--seed", type=int, default=1,
+                    help="seed of random offsets and write data (default 1)")
     io.add_argument("--keep", action="store_true",
                     help="keep the scratch file qual made for the job (a later job reuses it "
                          "instead of filling it again)")
@@ -245,7 +253,8 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     st_sub = st.add_subparsers(dest="store_command", metavar="{import,info}", required=True)
     imp = st_sub.add_parser("import", help="store run records (files, or folders searched for "
                                            "qual-run.json); one stored before is not stored again")
-    imp.add_argument("paths", nargs="+", metavar="PATH")
+    imp.add_argument("paths", nargs="+", metavar="PATH",
+                     help="qual-run.json files, or folders searched for them")
     info = st_sub.add_parser("info", help="the store's URL, schema version and what it holds")
     for each in (imp, info):
         store.add_option(each, "the store")
@@ -268,8 +277,15 @@ def _parser(families: dict) -> argparse.ArgumentParser:
                       "exit 1 when one cannot")
 
     clean = sub.add_parser("clean", help="remove the scratch file qual created on a target, or "
-                                         "the filesystem a killed run left on a block device")
-    clean.add_argument("target", nargs="?", default=None)
+                                         "the filesystem a killed run left on a block device",
+                           description="Remove what qual provably made and a killed run left: "
+                                       "its scratch file and lock in a folder, its own "
+                                       "filesystem on a block device (by its label); never "
+                                       "anything else. Exit 0: removed, or nothing of qual's "
+                                       "there; 1: the target cannot be read; 2: a bad argument.")
+    clean.add_argument("target", nargs="?", default=None, metavar="TARGET",
+                       help="the file, folder or block device a run was given (default: the "
+                            "default target, .qual/target.dat)")
     return p
 
 

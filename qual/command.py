@@ -48,7 +48,12 @@ class Reporter:
 def add_parser(sub, family: Family) -> None:
     p = sub.add_parser(family.subcommand, help=family.description,
                        description=f"Run the {family.name} family ({family.description}) on a "
-                                   "target and print what it measured.")
+                                   "target and print what it measured; with --profile, judge it "
+                                   "and store the run (docs/store.md). Exit 0: done (with "
+                                   "--profile: every criterion met); 1: a criterion failed or "
+                                   "the drive failed an I/O; 2: a bad flag, before any I/O; 5: "
+                                   "INCONCLUSIVE; 6: INCOMPLETE (a criterion not judged); 130: "
+                                   "interrupted.")
     p.set_defaults(family=family)
     p.add_argument("--target", default=None,
                    help="file, directory or block device (default: under .qual/)")

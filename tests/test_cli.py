@@ -295,3 +295,34 @@ def test_a_removed_flag_says_what_replaced_it_with_its_command_s_usage(tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("usage: qual io ")
     assert "qual io: error: unrecognized arguments: --bogus 1" in proc.stderr
     assert not list(tmp_path.iterdir())  # before any I/O
+
+
+def test_every_flag_says_what_it_is_and_every_command_its_exit_statuses():
+    """No help that only repeats its flag's name (`--tp COUNT  tp`), none missing; every
+    command's help names its exit statuses."""
+    import argparse
+
+    from qual.cli import _parser
+    from qual.workloads import registry
+
+    parser = _parser(registry())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bare = []
+    for name, command in sub.choices.items():
+        for each in [command, *(p for a in command._actions
+                                if isinstance(a, argparse._SubParsersAction)
+                                for p in a.choices.values())]:
+            text = each.format_help()
+            if each is command and "exit" not in text.lower():
+                bare.append(f"qual {name}: no exit statuses")
+            for action in each._actions:
+                if action.help == argparse.SUPPRESS or "-h" in action.option_strings or \
+                        isinstance(action, argparse._SubParsersAction):  # its commands say
+                    continue
+                words = {s.lstrip("-").replace("-", " ").replace("_", " ")
+                         for s in action.option_strings} | {action.dest.replace("_", " ")}
+                said = (action.help or "").split(" [")[0].strip().lower()
+                if not said or said in words:
+                    bare.append(f"qual {name} {action.option_strings or action.dest}: "
+                                f"{action.help!r}")
+    assert not bare, "\n".join(bare)

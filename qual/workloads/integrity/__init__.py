@@ -32,8 +32,10 @@ METRICS = {m.name: m for m in (
 FIELDS = (
     Field("size", "size", default="1 GiB", minimum=4096, help="bytes verified, from offset 0"),
     Field("block_size", "size", default="128K", minimum=512, help="bytes per verification block"),
-    Field("queue_depth", "count", default=16, maximum=engine.MAX_QUEUE_DEPTH),
-    Field("patterns", "choices", default=list(PATTERNS), choices=PATTERNS),
+    Field("queue_depth", "count", default=16, maximum=engine.MAX_QUEUE_DEPTH,
+          help="blocks in flight"),
+    Field("patterns", "choices", default=list(PATTERNS), choices=PATTERNS,
+          help="write orders checked (sequential, random)"),
     Field("generations", "count", default=2, maximum=16,
           help="writes of the region before the check: from 2 on, a lost write shows as stale"),
     Field("report", "count", default=8, maximum=1024, help="bad blocks described, at most"),

@@ -87,7 +87,8 @@ METRICS = {m.name: m for m in (
 )}
 
 FIELDS = (
-    Field("model", "choice", default="llama3.1-8b", choices=tuple(MODELS)),
+    Field("model", "choice", default="llama3.1-8b", choices=tuple(MODELS),
+          help="the served model: bytes of KV cache per token"),
     Field("mode", "choice", default="fixed", choices=MODES,
           help="fixed: `users` users; qos: the most users whose every class holds its targets, "
                "searched from `users` up to `max_users` in steps of `search_step`; capacity: "
@@ -129,7 +130,7 @@ FIELDS = (
           help="the store qual lays out on the target for the drive tier (0: what the run "
                "needs at most, every entry on the drive)"),
     Field("block_size", "size", default="1 MiB", minimum=4096, help="bytes per I/O"),
-    Field("queue_depth", "count", default=16, maximum=1024),
+    Field("queue_depth", "count", default=16, maximum=1024, help="I/Os in flight"),
     backend_field(),
 )
 

@@ -34,7 +34,8 @@ METRICS = {m.name: m for m in (
 )}
 
 FIELDS = (
-    Field("workload", "choice", default="unet3d-h100", choices=tuple(WORKLOADS)),
+    Field("workload", "choice", default="unet3d-h100", choices=tuple(WORKLOADS),
+          help="the DLIO workload: sample size, batch and compute time per step"),
     Field("files", "count", help="sample files (default: the workload's)"),
     Field("record_scale", "number", default=1.0,
           help="scales the record length and its spread, for small targets"),
@@ -44,7 +45,8 @@ FIELDS = (
     Field("read_threads", "count", help="loader threads per accelerator (default: the workload's)"),
     Field("prefetch_size", "count", default=2, minimum=0,
           help="DLIO reader.prefetch_size: batches loaded ahead (0 means 2)"),
-    Field("accelerators", "counts", default=[1, 2, 4, 6, 8, 16, 32]),
+    Field("accelerators", "counts", default=[1, 2, 4, 6, 8, 16, 32],
+          help="simulated accelerator counts, a run each"),
     Field("epochs", "counts", default=[5], help="a run per value (seed 001: 5 and 1)"),
     Field("au_floor", "ratio", help="AU that counts as keeping up (default: the workload's)"),
     Field("direct", "bool", default=True, negations=("--page-cache",),
@@ -54,7 +56,7 @@ FIELDS = (
           help="reads in flight per read thread"),
     Field("shuffle_seed", "count", minimum=0, aliases=("--seed",),
           help="file order seed (default: a new one every run, as MLPerf v2.0 asks)"),
-    Field("data_seed", "count", default=0, minimum=0),
+    Field("data_seed", "count", default=0, minimum=0, help="seed of the generated sample files"),
     Field("calibrate", "bool", default=True, help="measure the AU ceiling without storage"),
     backend_field(),
 )
