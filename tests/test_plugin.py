@@ -212,3 +212,18 @@ def test_a_percentile_too_few_samples_can_resolve_is_an_error(tmp_path, pct, lat
     assert lat["outcome"] == "broken" and f"needs at least {needed:,} samples" in lat["message"]
     if "samples" in latency:
         assert {m["context"]["ops"] for m in lat["measurements"]} == {3000}
+
+
+def test_junitxml_carries_each_test_s_measurements_as_json(tmp_path):
+    """--junitxml (a CI system's view of the run): the `qual` property of a test is its
+    measurements and verdicts as JSON, not a Python repr."""
+    import xml.etree.ElementTree as ET
+
+    junit = tmp_path / "junit.xml"
+    proc, _ = run_suite(tmp_path, f"--junitxml={junit}", "-k", "seq_read")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    values = [p.get("value") for p in ET.parse(junit).iter("property") if p.get("name") == "qual"]
+    assert values
+    docs = [json.loads(v) for v in values]
+    assert all(d["measurements"] for d in docs)
+    assert any(v["id"].startswith("seq_read_bw") for d in docs for v in d["verdicts"])

@@ -100,7 +100,9 @@ class Recorder:
                 m.caveats.append(fitted)
         verdict = judge(self._combine(), self.judging.profile, self.judging.baseline)
         payload = {"measurements": [m.as_dict() for m in self.measurements], **verdict.as_dict()}
-        self.item.user_properties.append((PAYLOAD, payload))
+        # as JSON text: it crosses xdist as a string, and --junitxml writes it as JSON (a
+        # dict would be written as its Python repr)
+        self.item.user_properties.append((PAYLOAD, json.dumps(payload, default=str)))
 
         if self.measurements:  # one story, so the report's tree lists the test once
             allure.dynamic.story(", ".join(sorted({m.metric for m in self.measurements})))

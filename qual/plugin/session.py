@@ -593,7 +593,7 @@ class QualSession:
         if WHERE in props:
             entry.where = props[WHERE]
         if PAYLOAD in props and report.when == "call":
-            entry.judged(props[PAYLOAD])
+            entry.judged(json.loads(props[PAYLOAD]))
         if DEVICE_ERROR in props:
             entry.device_error = props[DEVICE_ERROR]
         if DEPARTED in props:  # a worker's drive went away: its record says so
