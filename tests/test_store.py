@@ -388,3 +388,33 @@ def test_where_the_store_is_said_without_its_password_and_off_stores_nothing(tmp
     for bad in ("mysql://db/qual", "nothing://"):
         with pytest.raises(StoreError, match="qual stores in SQLite or PostgreSQL"):
             store.check_url(bad)
+
+
+OPENER = """
+import os, sys, time
+from qual.store import Store
+url, go = sys.argv[1], sys.argv[2]
+while not os.path.exists(go):
+    time.sleep(0.001)
+Store.open(url).close()
+"""
+
+
+def test_eight_rigs_opening_a_new_store_at_once_migrate_it_once(store_url, tmp_path, request):
+    """Rigs started together on a store nobody opened yet: one migrates it, the others wait
+    for it (SQLite's BEGIN IMMEDIATE, PostgreSQL's advisory lock), and none fails."""
+    go = tmp_path / "go"
+    for attempt in range(3):
+        url = store_url if attempt == 0 else (
+            f"sqlite:///{tmp_path / f'store{attempt}.sqlite'}" if store_url.startswith("sqlite")
+            else request.getfixturevalue("postgres").new_database())
+        go.unlink(missing_ok=True)
+        openers = [subprocess.Popen([sys.executable, "-c", OPENER, url, str(go)],
+                                    stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        time.sleep(1.0)  # every interpreter up and waiting
+        go.touch()
+        for o in openers:
+            _, err = o.communicate(timeout=120)
+            assert o.returncode == 0, err[-2000:]
+        with Store.open(url) as db:
+            assert db.version() == "0001"
