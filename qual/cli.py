@@ -623,6 +623,7 @@ def cmd_compare(args) -> int:
         for line in report.table_lines(report.comparison_rows(rows),
                                        header=report.COMPARISON_HEADER):
             print(line)
+        print(report.COMPARISON_KEY)
         within = len(rows) - len(regressed) - len(improved) - len(unsure) - len(shown)
         print(f"{len(rows)} compared: {len(regressed)} regressed, {len(improved)} improved "
               f"beyond tolerance, {len(unsure)} inconclusive, {within} within tolerance, "

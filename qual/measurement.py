@@ -268,17 +268,24 @@ class Regression:
         return self.gated and self.answer == "inconclusive"
 
     def line(self) -> str:
+        """One sentence that says what the gate's table row says: with one repetition a side the
+        change is the ratio of the two values; with more it is the gate's Hodges-Lehmann
+        estimate over every pair of repetitions, which the two medians need not show."""
         word = "better" if self.change >= 0 else "worse"
         now = units.format_quantity(self.value, dimension=self.dimension)
         then = units.format_quantity(self.baseline, dimension=self.dimension)
         n, m = self.repetitions
-        spread = f", 95 % interval {self.low * 100:+.1f} % .. {self.high * 100:+.1f} % over " \
-                 f"{n} and {m} repetitions" if n * m > 1 else ""
         more = f"; about {self.needed} repetitions a side would decide" \
             if self.answer == "inconclusive" and self.needed else ""
-        return (f"{self.id} = {now} is {abs(self.change) * 100:.1f} % {word} than baseline "
-                f"{then} (tolerance {self.tolerance * 100:g} %{spread}){more} "
-                f"[baseline: {self.baseline_label}]")
+        said = f"[baseline: {self.baseline_label}]"
+        if n * m == 1:
+            return (f"{self.id} = {now} is {abs(self.change) * 100:.1f} % {word} than baseline "
+                    f"{then} (tolerance {self.tolerance * 100:g} %){more} {said}")
+        return (f"{self.id}: new median {now}, baseline median {then}; the gate's change is "
+                f"{abs(self.change) * 100:.1f} % {word} than baseline (Hodges-Lehmann estimate "
+                f"over every pair of the {n} new and {m} baseline repetitions, 95 % interval "
+                f"{self.low * 100:+.1f} % .. {self.high * 100:+.1f} %, tolerance "
+                f"{self.tolerance * 100:g} %){more} {said}")
 
     def as_dict(self) -> dict:
         return {"id": self.id, "value": self.value, "baseline": self.baseline,

@@ -113,7 +113,11 @@ def _escape(value: str) -> str:
 
 
 VERDICT_HEADER = ("metric", "parameters", "measured", "bound", "margin", "verdict")
-COMPARISON_HEADER = ("metric", "parameters", "baseline", "new", "change", "tolerance", "verdict")
+COMPARISON_HEADER = ("metric", "parameters", "baseline median", "new median",
+                     "change [95 % interval]", "tolerance", "verdict")
+COMPARISON_KEY = ("change: the gate's estimate of new against baseline, + better; with several "
+                  "repetitions a side the Hodges-Lehmann estimate over every pair of repetitions, "
+                  "not the ratio of the two medians")
 
 
 def comparison_rows(regressions) -> list[tuple[str, ...]]:

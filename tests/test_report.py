@@ -149,8 +149,36 @@ def test_compare_fails_a_planted_regression_and_names_it(tiny_run, tmp_path):
     regressed = [x for x in proc.stdout.splitlines() if x.startswith("REGRESSED:")]
     assert regressed and all("seq_read_bw" in x for x in regressed)
     assert "10.0 % worse than baseline" in regressed[0]
+    assert "baseline median" in proc.stdout and report.COMPARISON_KEY in proc.stdout
     assert f"cp {new} {old}" in proc.stdout  # how to make this the baseline
     assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_gates_row_and_sentence_say_the_same_change_and_name_what_each_figure_is():
+    """Medians 2.04 and 3.06 GiB/s are 50 % apart while the gate's Hodges-Lehmann change over
+    every pair of repetitions is +7.3 %: the row labels its columns as medians and the change,
+    and the sentence below it says the same change and both medians, never "3.06 is 7.3 %
+    better than 2.04"."""
+    from qual.measurement import gate_values
+    g = 2 ** 30
+    r = gate_values("seq_write_bw[bs=1M,qd=16]", [2.0 * g, 3.06 * g, 3.2 * g],
+                    [2.04 * g, 1.9 * g, 3.3 * g], better="higher", tolerance=0.05,
+                    dimension="bandwidth", label="a.json")
+    header, _, row = report.table_lines(report.comparison_rows([r]),
+                                        header=report.COMPARISON_HEADER)
+    cells = dict(zip(report.COMPARISON_HEADER, (c for c in row.split("  ") if c.strip())))
+    assert cells["baseline median"].strip() == "2.04 GiB/s"
+    assert cells["new median"].strip() == "3.06 GiB/s"
+    change = cells["change [95 % interval]"].split()[0]
+    assert abs(float(change) - r.change * 100) < 0.05 and abs(r.change) < 0.25  # not +50 %
+    said = r.line()
+    assert f"new median 3.06 GiB/s, baseline median 2.04 GiB/s" in said
+    assert f"{abs(r.change) * 100:.1f} % better than baseline (Hodges-Lehmann" in said
+    assert "3.06 GiB/s is" not in said  # no sentence puts the median beside the other change
+    # one repetition a side: the change is the ratio of the two values, said so plainly
+    one = gate_values("seq_read_bw", [0.9], [1.0], better="higher", tolerance=0.05,
+                      dimension="ratio", label="a.json")
+    assert "is 10.0 % worse than baseline" in one.line() and "Hodges" not in one.line()
 
 
 def test_the_same_run_on_both_sides_is_identical_not_a_question(tiny_run, tmp_path):
