@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qual import command, engine, flags, record, report, shipped, store, thresholds, units, watchdog
+from qual import (command, engine, first_page, flags, record, report, shipped, store,
+                  thresholds, units, watchdog)
 from qual.exits import Exit, help_text
 from qual.engine import InvalidJob, QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
@@ -153,9 +154,12 @@ def _parser(families: dict) -> argparse.ArgumentParser:
             command.add_parser(sub, family)
 
     rp = sub.add_parser("report", help="the HTML qualification report (Allure 3)",
-                        description="Build the Allure HTML report of one or more runs with the "
-                                    "Allure 3 CLI and qual's allurerc.mjs, then apply its "
-                                    "quality gate. Exit 0: built and the gate holds; 1: the "
+                        description="Build the report of one or more runs: DIR/index.html, "
+                                    "qual's first page (the verdict, the drive, the profile, "
+                                    "each criterion that needs a decision, the caveats), and "
+                                    "DIR/allure/index.html, the Allure 3 report of the tests; "
+                                    "both single files that open from disk. Then apply "
+                                    "allurerc.mjs's quality gate. Exit 0: built and the gate holds; 1: the "
                                     "gate failed; 2: nothing to report or no Allure 3 CLI.")
     rp.add_argument("results", nargs="*", help="qual results folders (qual-results/) or "
                                                "allure-results folders")
@@ -168,9 +172,12 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     rp.add_argument("--profile", default=None,
                     help="with --population: the profile (default: the newest run's)")
     store.add_option(rp, "with --population: the store to read")
-    rp.add_argument("--out", required=True, help="the report folder (made by qual)")
+    rp.add_argument("--out", required=True,
+                    help="the report folder (made by qual): index.html, qual's first page, "
+                         "and allure/index.html, the tests; both single files that open from "
+                         "disk")
     rp.add_argument("--single-file", action="store_true",
-                    help="one self-contained index.html, to attach to an acceptance email")
+                    help=argparse.SUPPRESS)  # the default since every report opens from disk
     rp.add_argument("--history", default=None, metavar="JSONL",
                     help="trend history across runs (default: qual-history.jsonl beside --out)")
     rp.add_argument("--gate", choices=SEVERITIES, default=None,
@@ -433,6 +440,7 @@ def human_line(result: engine.IoResult) -> str:
 
 DEFAULT_COMMAND_TIMEOUT_S = watchdog.DEFAULT_COMMAND_TIMEOUT_S
 REPORT_MARK = ".qual-report"  # in a report folder qual made: the only kind it overwrites
+ALLURE_FOLDER = "allure"  # in a report folder: Allure's report of the tests
 REPORT_TIMEOUT_S = 600  # building a report of thousands of results takes seconds, not minutes
 
 
@@ -466,14 +474,17 @@ def cmd_report(args) -> int:
     gate = args.gate or next((r["profile"].get("gate") for r in records
                               if r["profile"].get("gate")), DEFAULT_GATE)
     history = Path(args.history) if args.history else out.resolve().parent / "qual-history.jsonl"
+    detail = out / ALLURE_FOLDER  # Allure's report, one file, beside qual's first page
     env = {**os.environ, "QUAL_REPORT_NAME": report.report_name(records) if records else
-           "qual qualification", "QUAL_OUTPUT": str(out.resolve()), "QUAL_HISTORY": str(history),
-           "QUAL_SINGLE_FILE": "1" if args.single_file else "0",
+           "qual qualification", "QUAL_OUTPUT": str(detail.resolve()),
+           "QUAL_HISTORY": str(history), "QUAL_SINGLE_FILE": "1",
            "QUAL_GATE_SEVERITIES": ",".join(SEVERITIES[:SEVERITIES.index(gate) + 1]),
            "QUAL_VARIABLES": json.dumps(report.front_page(records)),
            "NO_COLOR": "1", "FORCE_COLOR": "0"}
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_MARK).write_text("made by qual report\n")
+    if detail.exists():  # a previous report's (the folder is qual's: REPORT_MARK)
+        shutil.rmtree(detail)
     report.forget_run(history, allure_dirs)  # reported again, a run is still one run in trends
     try:  # the report and the gate in one pass (allure/build.mjs): its tab shows this gate
         built = subprocess.run(["node", str(shipped("allure") / "build.mjs"), str(package),
@@ -482,27 +493,22 @@ def cmd_report(args) -> int:
                                env=env, capture_output=True, text=True, timeout=REPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return fail(f"the Allure report did not finish within {REPORT_TIMEOUT_S} s")
-    # the Awesome plugin writes to --out itself or, in some layouts, to its own subfolder:
-    # the report is always DIR/index.html
-    nested = out / "awesome"
-    if not (out / "index.html").exists() and (nested / "index.html").exists():
+    # the Awesome plugin writes to its output itself or, in some layouts, to its own subfolder
+    nested = detail / "awesome"
+    if not (detail / "index.html").exists() and (nested / "index.html").exists():
         for part in nested.iterdir():
-            old = out / part.name  # a previous report's (the folder is qual's: REPORT_MARK)
-            if old.is_dir():
-                shutil.rmtree(old)
-            elif old.exists():
-                old.unlink()
-            part.rename(old)
+            part.rename(detail / part.name)
         nested.rmdir()
-    index = out / "index.html" if (out / "index.html").exists() else None
     said = built.stdout.strip().splitlines()
-    if built.returncode not in (0, 1) or index is None or not said:
+    if built.returncode not in (0, 1) or not (detail / "index.html").exists() or not said:
         return fail(f"the Allure CLI could not build the report:\n{built.stdout}"
                     f"{built.stderr[-3000:]}\n{report.ALLURE_MISSING}")
+    index = out / "index.html"
+    index.write_text(first_page.page(records, f"{ALLURE_FOLDER}/index.html"))
     broken = json.loads(said[-1])["gate"]
-    print(f"report: {index}" + (" (single file)" if args.single_file else ""))
-    if not args.single_file:  # its pages load their data over HTTP, which file:// cannot serve
-        print(f"open it with: allure open {index.parent}")
+    print(f"report: {index}")
+    print(f"open it in a browser, from disk as it is: {index.resolve().as_uri()} (the Allure "
+          f"report of the tests: {ALLURE_FOLDER}/index.html beside it)")
     print(f"history: {history}")
     print(f"quality gate (no failed test of severity {gate} or above): "
           + ("FAILED" if broken else "passed"))

@@ -348,6 +348,14 @@ def summary_body(record: dict) -> str:
         f"({s['informational']} informational).</p>",
     ]
     parts += [f"<p class='caveat'>CAVEAT: {esc(c)}</p>" for c in s.get("caveats", ())]
+    return "\n".join(parts) + "\n" + summary_tables(record)
+
+
+def summary_tables(record: dict) -> str:
+    """Per workload family, a table of every criterion: measured, bound, margin, verdict,
+    source (HTML)."""
+    esc = html.escape
+    parts = []
     for family, rows in summary_rows(record).items():
         parts.append(f"<h2>{esc(family)}</h2><table class='summary'><tr>"
                      + "".join(f"<th>{esc(h)}</th>" for h in SUMMARY_HEADER) + "</tr>")
@@ -359,16 +367,26 @@ def summary_body(record: dict) -> str:
     return "\n".join(parts)
 
 
+PAGE_STYLE = (
+    "body{font:14px sans-serif;margin:1.5em;color:#1f2328}table{border-collapse:collapse;"
+    "margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;"
+    "vertical-align:top}th{background:#eee}"
+    ".PASS,.IMPROVED{color:#1a7f37}.FAIL,.REGRESSED,.NOT{color:#cf222e;font-weight:bold}"
+    "h1 .v{padding:0 .4em;border-radius:4px;color:#fff}.vPASS{background:#1a7f37}"
+    ".vFAIL,.vERROR,.vINCOMPLETE{background:#cf222e}.vINCONCLUSIVE{background:#9a6700}")
+
+
+def html_page(title: str, body: str, style: str = "") -> str:
+    """A self-contained page: its style inline, no script, nothing fetched."""
+    return "\n".join([
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>", PAGE_STYLE + style,
+        "</style></head><body>", body, "</body></html>"])
+
+
 def summary_html(record: dict) -> str:
     """The summary as a page of its own (the Allure attachment)."""
-    return "\n".join([
-        "<!doctype html><html><head><meta charset='utf-8'><title>qual summary</title><style>",
-        "body{font:14px sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
-        "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#eee}"
-        ".PASS,.IMPROVED{color:#1a7f37}.FAIL,.REGRESSED,.NOT{color:#cf222e;font-weight:bold}"
-        "h1 .v{padding:0 .4em;border-radius:4px;color:#fff}.vPASS{background:#1a7f37}"
-        ".vFAIL,.vERROR,.vINCOMPLETE{background:#cf222e}",
-        "</style></head><body>", summary_body(record), "</body></html>"])
+    return html_page("qual summary", summary_body(record))
 
 
 def write_summary_globals(alluredir: Path, record: dict, *, drive: str) -> Path:
@@ -438,13 +456,16 @@ def forget_unfinished(alluredir: Path, finished: set[str]) -> int:
     return removed
 
 
-ATTENTION = ("FAIL", "REGRESSED", "INCONCLUSIVE", "NOT JUDGED", "UNVERIFIED")
+ATTENTION = ("FAIL", "REGRESSED", "INCONCLUSIVE")
+NOT_JUDGED = ("NOT JUDGED", "UNVERIFIED")
 
 
 def front_page(records: list[dict]) -> dict[str, str]:
-    """What the report's landing page shows first (Allure's report variables, in this order):
-    per run the verdict, the drive, the profile, then every criterion that failed, regressed,
-    was inconclusive or was not judged, with measured value, bound, margin and source."""
+    """What the Allure report's landing page shows first (its report variables, in this
+    order): per run the verdict, the drive, the profile, then each criterion that failed,
+    regressed or was inconclusive (the key short, "FAIL 1", so the page does not clip the
+    criterion, which leads the value with its measured value, bound, margin and source), then
+    how many criteria were not judged (qual's first page lists them)."""
     out: dict[str, str] = {}
     for record in records:
         mine = f"{drive_name(record)}: " if len(records) > 1 else ""
@@ -454,12 +475,18 @@ def front_page(records: list[dict]) -> dict[str, str]:
         out[f"{mine}verdict"] = record["summary"]["verdict"]
         out[f"{mine}drive"] = drive
         out[f"{mine}profile"] = f"{record['profile']['name']} ({record['profile']['digest']})"
+        seen: dict[str, int] = {}
+        missing = 0
         for rows in summary_rows(record).values():
             for criterion, measured, bound, margin, verdict, source in rows:
-                if verdict in ATTENTION:  # the page clips long values: the figures first
+                if verdict in ATTENTION:
+                    seen[verdict] = seen.get(verdict, 0) + 1
                     figures = f"{measured} vs {bound} ({margin})" if measured else ""
-                    out[f"{mine}{verdict}: {criterion}"] = "; ".join(
-                        x for x in (figures, source) if x) or "not measured"
+                    out[f"{mine}{verdict} {seen[verdict]}"] = f"{criterion}: " + "; ".join(
+                        x for x in (figures, source) if x)
+                missing += verdict in NOT_JUDGED
+        if missing:
+            out[f"{mine}not judged"] = f"{missing} criteria (listed on qual's first page)"
     return out
 
 

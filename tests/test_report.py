@@ -4,14 +4,10 @@ drives in one xdist run, and progress lines."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import http.server
 import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -111,7 +107,8 @@ def failed_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("failed-run")
     profile = tmp / "strict.toml"
     profile.write_text(STRICT)
-    proc, results = run_suite(tmp, "-k", "seq_read or latency", profile=profile)
+    proc, results = run_suite(tmp, "-k", "seq_read or latency", "--qual-repeats=3",
+                              profile=profile)
     assert proc.returncode == 1, proc.stdout[-3000:]
     return results, load_record(results)
 
@@ -120,8 +117,8 @@ def test_a_failed_runs_front_page_names_the_criterion(failed_run):
     _, record = failed_run
     shown = report.front_page([record])
     assert list(shown)[:3] == ["verdict", "drive", "profile"] and shown["verdict"] == "FAIL"
-    (key,) = [k for k in shown if "seq_read_bw" in k]
-    assert key == "FAIL: seq_read_bw[bs=64K,qd=4]"
+    (key,) = [k for k in shown if "seq_read_bw" in shown[k]]
+    assert key == "FAIL 1" and shown[key].startswith("seq_read_bw[bs=64K,qd=4]: ")
     assert "vs min 1000 TiB/s (-100.0 %)" in shown[key] and "tests: impossible" in shown[key]
     assert not any("rand_read_lat" in k for k in shown)  # what passed is not on it
 
@@ -315,70 +312,92 @@ def test_the_run_gates_against_its_baseline_and_charts_it(tiny_run, tmp_path):
 
 
 @needs_allure
-def test_report_builds_once_into_history_and_as_a_single_file(tiny_run, tmp_path):
+def test_report_builds_once_into_history_and_opens_from_disk(tiny_run, tmp_path):
     _, results, record = tiny_run
     out = tmp_path / "report"
     history = tmp_path / "history.jsonl"
     proc = qual("report", str(results), "--out", str(out), "--history", str(history))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "quality gate (no failed test of severity normal or above): passed" in proc.stdout
-    _index_of(proc, out)
+    index = _index_of(proc, out)
+    assert f"open it in a browser, from disk as it is: {index.resolve().as_uri()}" in proc.stdout
     assert len(history.read_text().splitlines()) == 1  # this run
     again = qual("report", str(results), "--out", str(out), "--history", str(history))
     assert again.returncode == 0
     assert len(history.read_text().splitlines()) == 1  # still one run
-    single = qual("report", str(results), "--out", str(tmp_path / "mail"), "--single-file")
-    assert single.returncode == 0, single.stdout + single.stderr
-    assert not list(_index_of(single, tmp_path / "mail").parent.glob("*.js"))  # all inline
-    shown = _landing(_index_of(proc, out))
+    # both pages are single files: nothing beside them for a browser to fetch
+    assert not [p for p in out.rglob("*") if p.suffix in (".js", ".css")]
+    first = _opened(index)
+    assert first.startswith(f"PASS: Qualification: {report.drive_name(record)} / tiny"), first
+    shown = _opened(out / "allure" / "index.html", until="Quality Gates")
     assert f"PASS: Qualification: {report.drive_name(record)} / tiny" in shown, shown[:2000]
     assert "Quality Gates 0" in shown  # the gate passed, as qual report said
+    older = qual("report", str(results), "--out", str(tmp_path / "mail"), "--single-file")
+    assert older.returncode == 0, older.stderr  # the old flag still works: it is the default
 
 
 @needs_allure
 def test_a_failed_runs_report_shows_the_verdict_first(failed_run, tmp_path):
-    """The landing page, rendered in a headless Chromium: the verdict, the drive, the failing
-    criterion with its measured value and bound; the gate's tab agrees with qual report's exit;
-    Allure's counts are the record's."""
+    """Both pages opened from disk in a headless Chromium, as a report someone sent is opened.
+    qual's first page: the verdict, the drive, the profile, qual's counts, the failing
+    criterion in full with the repetitions behind its median. The Allure report: the
+    failing criterion once, its test once (the repetitions are its retries, not tests of their
+    own that pass or fail), the gate's tab agreeing with qual report's exit."""
     results, record = failed_run
     proc = qual("report", str(results), "--out", str(tmp_path / "report"))
     assert proc.returncode == 1 and "FAILED" in proc.stdout
-    shown = _landing(_index_of(proc, tmp_path / "report"), "report-failed.png")
-    assert f"FAIL: Qualification: {report.drive_name(record)}" in shown, shown[:3000]
+    first = _opened(_index_of(proc, tmp_path / "report"), picture="report-first-page.png")
+    lines = first.splitlines()
+    assert lines[0] == f"FAIL: Qualification: {report.drive_name(record)} / strict", first
     ident = record["target"]["identity"]
-    assert f"model {ident['model']}" in shown and f"serial {ident['serial']}" in shown
+    assert f"model {ident['model']}, serial {ident['serial']}" in first
+    assert f"profile\tstrict ({record['profile']['digest']})" in first
     (verdict,) = [v for t in record["tests"] for v in t["verdicts"] if not v["passed"]]
-    measured = units.format_quantity(verdict["value"], "TiB/s")
-    assert f"FAIL: {verdict['id']}" in shown and f"{measured} vs min 1000 TiB/s" in shown
-    assert shown.count(f"FAIL: {verdict['id']}") == 1
+    assert "criteria: 1 passed, 1 failed; 0 not judged" in first
+    said = next(x for x in lines if x.startswith(f"FAIL {verdict['id']}"))
+    assert said.startswith(f"FAIL {verdict['line']}; the median of 3 repetitions (")  # whole
+    assert lines.index(said) < lines.index("Every criterion")  # before the full tables
+    shown = _opened(tmp_path / "report" / "allure" / "index.html", until="Quality Gates",
+                    picture="report-failed.png")
+    assert f"FAIL: Qualification: {report.drive_name(record)}" in shown, shown[:3000]
+    assert f"{verdict['id']}: {units.format_quantity(verdict['value'], 'TiB/s')} vs min " \
+           f"1000 TiB/s" in shown
     assert "Quality Gates 1" in shown  # one rule failed, as qual report's exit 1 says
-    s = record["summary"]
-    passed = s["tests"] - s["tests_failed"] - s["tests_broken"] - s["tests_skipped"]
-    assert f"Total\n{s['tests']}" in shown and f"Failed\n{s['tests_failed']}" in shown
-    assert f"Passed\n{passed}" in shown
+    judged = [t for t in record["tests"] if not _earlier_repetition(t)]
+    assert len(judged) < len(record["tests"])  # the run had repetitions
+    failed = sum(t["outcome"] == "failed" for t in judged)
+    assert f"Total\n{len(judged)}" in shown and f"Failed\n{failed}" in shown
+    assert f"Passed\n{len(judged) - failed}" in shown and failed == 1
+    assert "test_cell[seq_read-64K-qd4] on" in shown and "-r3]" not in shown
 
 
-def _landing(index: Path, picture: str | None = None) -> str:
-    """The text of a report's landing page as Chromium renders it, once its app has drawn."""
+def _earlier_repetition(test: dict) -> bool:
+    r, n = next((m["context"]["repetition"] for m in test.get("measurements", ())
+                 if m["context"].get("repetition")), (1, 1))
+    return r < n
+
+
+def _opened(page: Path, until: str = "", picture: str | None = None) -> str:
+    """The text of a page opened from disk (file://) in Chromium, once it has drawn `until`."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("no chromium to open the report (Debian: apt-get install chromium)")
-    with _serve(index.parent) as base:
-        chrome = Chromium(browser)
-        try:
-            page = chrome.open(f"{base}/index.html")
-            deadline = time.monotonic() + 60
-            shown = ""
-            while "Quality Gates" not in shown and time.monotonic() < deadline:
-                time.sleep(0.5)
-                shown = chrome.evaluate(page, "document.body.innerText") or ""
+    chrome = Chromium(browser)
+    try:
+        tab = chrome.loaded(page.resolve().as_uri())
+        deadline = time.monotonic() + 60
+        shown = chrome.evaluate(tab, "document.body.innerText") or ""
+        while until not in shown and time.monotonic() < deadline:
+            time.sleep(0.5)
+            shown = chrome.evaluate(tab, "document.body.innerText") or ""
+        if until:
             time.sleep(1)  # the widgets' counts arrive after the tabs
-            shown = chrome.evaluate(page, "document.body.innerText") or ""
-            if picture:
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
-                (ARTIFACTS / picture).write_bytes(chrome.screenshot(page))
-        finally:
-            chrome.close()
+            shown = chrome.evaluate(tab, "document.body.innerText") or ""
+        if picture:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            (ARTIFACTS / picture).write_bytes(chrome.screenshot(tab))
+    finally:
+        chrome.close()
     return shown
 
 
@@ -387,25 +406,6 @@ def _index_of(proc, out: Path) -> Path:
                  .split()[1])
     assert index == out / "index.html" and index.stat().st_size > 1000  # DIR/index.html
     return index
-
-
-@contextlib.contextmanager
-def _serve(folder: Path):
-    """The report over HTTP on the loopback (its frames need an origin, which file:// lacks)."""
-    handler = functools.partial(QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
 
 
 def test_report_without_results_says_so(tmp_path):

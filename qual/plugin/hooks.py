@@ -326,7 +326,29 @@ def record(request) -> Recorder:
     """Where a test puts its measurements; the plugin judges them when the test returns."""
     rec = qual_session(request.config).recorder(request.node)
     request.node.stash[RECORDER_KEY] = rec
+    r, n = _repetition_of(request.node)
+    if n > 1:  # before Allure's listener adds the pytest parameters: see _judged_name
+        allure.dynamic.parameter("repetition", f"{r} of {n}", excluded=True)
     return rec
+
+
+def _repetition_of(item) -> tuple[int, int]:
+    spec = getattr(item, "callspec", None)
+    return tuple(spec.params.get("repetition", (1, 1))) if spec else (1, 1)
+
+
+def _judged_name(item) -> str:
+    """A repeated test's name without its repetition (test_x[bs=1M-r2] -> test_x[bs=1M]).
+    Its repetitions are one test in the Allure report: the repetition parameter is excluded
+    from the test's identity, so the last repetition, which judges the median, is the test
+    and carries the verdict, and the earlier ones are its retries (the evidence); none shows
+    as a failing test of its own (docs/ARCHITECTURE.md §5)."""
+    r, n = _repetition_of(item)
+    if n == 1:
+        return item.name
+    base, _, rest = item.name.partition("[")
+    params = rest.removesuffix("]").removesuffix(f"r{r}").removesuffix("-")
+    return f"{base}[{params}]" if params else base
 
 
 @pytest.fixture
@@ -343,7 +365,7 @@ def _label(rec: Recorder) -> None:
         allure.dynamic.epic(family)
     session = qual_session(rec.item.config)
     drive = session.drive_label(session.spec_of(rec.item))
-    allure.dynamic.title(f"{rec.item.name} on {drive}")
+    allure.dynamic.title(f"{_judged_name(rec.item)} on {drive}")
     allure.dynamic.parameter("drive", drive)
     allure.dynamic.parameter("profile", session.profile.name)
     allure.dynamic.label(report.NODEID_LABEL, rec.item.nodeid)  # what a resumed run keeps
