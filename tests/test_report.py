@@ -4,6 +4,7 @@ drives in one xdist run, and progress lines."""
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import subprocess
@@ -121,6 +122,27 @@ def test_a_failed_runs_front_page_names_the_criterion(failed_run):
     assert key == "FAIL 1" and shown[key].startswith("seq_read_bw[bs=64K,qd=4]: ")
     assert "vs min 1000 TiB/s (-100.0 %)" in shown[key] and "tests: impossible" in shown[key]
     assert not any("rand_read_lat" in k for k in shown)  # what passed is not on it
+
+
+def test_the_first_page_counts_the_not_judged_and_puts_the_caveats_before_the_tables(tiny_run):
+    """A run with a criterion nobody judged and a caveat on a verdict: the page counts the
+    not-judged in one line and lists it only in the tables below; the caveat names its
+    criterion, above every table."""
+    from qual import first_page
+    _, _, record = tiny_run
+    doc = json.loads(json.dumps(record))
+    doc["summary"]["not_judged"] = ["seq_write_bw[bs=1G,qd=1]"]
+    v = next(v for t in doc["tests"] for v in t["verdicts"])
+    v["caveats"] = ["steady state not reached"]
+    text = first_page.page([doc], "allure/index.html")
+    passed = first_page.counts(doc)["PASS"]
+    assert f"criteria: {passed} passed, 0 failed; 1 not judged" in text
+    assert "1 criteria not judged" in text
+    tables = text.index("<h2>Every criterion</h2>")
+    assert text.index("seq_write_bw[bs=1G,qd=1]") > tables  # listed below, not on top
+    caveat = text.index("steady state not reached")
+    assert caveat < tables and html.escape(v["id"]) in text[caveat:tables]
+    assert "<script" not in text and "src=" not in text  # nothing fetched, nothing run
 
 
 @needs_allure
