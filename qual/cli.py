@@ -394,8 +394,9 @@ def cmd_io(args) -> int:
                      seed=args.seed, backend=args.engine, direct=bool(args.direct),
                      rwmixread=50 if args.rwmixread is None else args.rwmixread,
                      command_timeout=args.command_timeout)
-    result = command.on_target(target, lambda t: _run_io(t.prepare(job), args),
-                               say=command.Reporter("io", args.quiet), keep=args.keep)
+    say = command.Reporter("io", args.quiet)
+    result = command.on_target(target, lambda t: _run_io(t.prepare(job), args, say),
+                               say=say.say, keep=args.keep)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -403,22 +404,19 @@ def cmd_io(args) -> int:
     return Exit.PASS
 
 
-def _run_io(job: engine.IoJob, args) -> engine.IoResult:
-    """The job, with a progress line on stderr about every 2 s (not with -q) and an ETA from
-    its time bound or its byte bound."""
-    say = command.Reporter("io", args.quiet)
-    shown = [0.0]
-
+def _run_io(job: engine.IoJob, args, say: command.Reporter) -> engine.IoResult:
+    """The job, with progress on stderr (at most a line every 10 s; not with -q) and an ETA
+    from its time bound or its byte bound."""
     def progress(done: int, ops: int, seconds: float) -> None:
-        if seconds - shown[0] < 2:
-            return
-        shown[0] = seconds
         rate = units.format_quantity(done / seconds, dimension="bandwidth") if seconds else "-"
         share = seconds / job.runtime if job.runtime else done / job.bytes if job.bytes else None
         say(f"{args.rw}: {units.format_size(done)} moved ({rate})",
             None if share is None else min(share, 0.99))
 
-    return engine.run_job(job, progress=None if args.quiet else progress)
+    try:
+        return engine.run_job(job, progress=None if args.quiet else progress)
+    finally:
+        say.done()
 
 
 def human_line(result: engine.IoResult) -> str:

@@ -17,18 +17,25 @@ from qual.record import RunRecord, TestResult, rig_label, summarize
 from qual.targets import DEFAULT_TARGET, Target
 from qual.thresholds import ProfileError, family_table, load_profile
 from qual.flags import add_field_flags, claimed, field_flags, flag_fields, flag_name, given
-from qual.settings import duration
+from qual.plugin.progress import INNER_INTERVAL_S, Inner
+from qual.settings import described, duration
 
 
 class Reporter:
-    """Progress on stderr, one line each, with the share done and an ETA where the family
-    says how far it is; silent with -q. The ETA is paced from the first share reported, so
-    set-up before it (a dataset generated, a store built) does not skew it."""
+    """Progress on stderr with the share done and an ETA where the family says how far it
+    is: the first line at once, then at most one every 10 s (the rig-scale rule; on a terminal
+    one line rewritten in place), the last one held back shown when the run ends; silent with
+    -q. `say` is for the command's own lines, shown at once. The ETA is paced from the first
+    share reported, so set-up before it (a dataset generated, a store built) does not skew
+    it."""
 
-    def __init__(self, command: str, quiet: bool):
+    def __init__(self, command: str, quiet: bool, interval: float = INNER_INTERVAL_S):
         self.command, self.quiet = command, quiet
         self.started = time.monotonic()
         self.first: tuple[float, float] | None = None  # (time, share) of the first share
+        terminal = sys.stderr.isatty()
+        self.paced = Inner(self.say, self._rewrite if terminal else None,
+                           lambda: print(file=sys.stderr, flush=True), interval=interval)
 
     def __call__(self, message: str, done: float | None = None) -> None:
         if self.quiet:
@@ -42,7 +49,19 @@ class Reporter:
             if done > d0:
                 where += f", ETA {units.format_duration((now - t0) * (1 - done) / (done - d0))}"
         share = f"[{done * 100:3.0f} %] " if done is not None else ""
-        print(f"qual {self.command}: {share}{message} ({where})", file=sys.stderr, flush=True)
+        self.paced(f"{share}{message} ({where})")
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            print(f"qual {self.command}: {line}", file=sys.stderr, flush=True)
+
+    def _rewrite(self, line: str) -> None:
+        print(f"\r\x1b[Kqual {self.command}: {line}", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        """The run ended: the line in place finished, or the last line held back shown."""
+        if not self.quiet:
+            self.paced.close()
 
 
 def add_parser(sub, family: Family) -> None:
@@ -160,13 +179,19 @@ def _run_on(family: Family, args, settings, say: Reporter, keep: bool):
     settings say it only reads (no lock, nothing removed)."""
     source = family.reads_from(settings)
     target = open_target(source or args.target, args)
-    say(f"{family.name} on {source or target.spec} ({target.identity.label()})")
+    say.say(f"{family.name} on {source or target.spec} ({target.identity.label()})")
     # a family whose field takes --seed reads it from its table
     seeded = {"seed": args.seed} if "--seed" not in claimed(family.fields) else {}
     shared = family.flags.shared_target() if family.flags else False
     # torchrun ranks all open the target: rank 0 speaks for them
-    return target, on_target(target, lambda t: family.run(t, settings, progress=say, **seeded),
-                             say=say, keep=keep or bool(source), lock=not (source or shared),
+
+    def work(t: Target):
+        try:
+            return family.run(t, settings, progress=say, **seeded)
+        finally:
+            say.done()  # the last progress line before what the clean-up says
+    return target, on_target(target, work, say=say.say, keep=keep or bool(source),
+                             lock=not (source or shared),
                              remove=None if source else family.remove)
 
 
@@ -187,6 +212,24 @@ def run_record(family: Family, target: Target, profile, measured: list, verdict,
         tests=[test], summary=summarize([test], profile, {"left_out": others, "tests": []}),
         started=started, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=seed,
         run_id=uuid.uuid4().hex, rig=rig_label()).as_dict()
+
+
+def verdict_line(verdict, outcome, family: Family, profile) -> str:
+    """`verdict: …` as a run's is said: FAIL, INCOMPLETE, INCONCLUSIVE or PASS against the
+    profile's criteria; "measured" where nothing was judged (FAIL where the run itself found a
+    fault)."""
+    if verdict is None or not (verdict.checks or verdict.unverified):
+        if outcome.exit_status() != Exit.PASS:
+            return "verdict: FAIL (the run found a fault; see above)"
+        why = f"profile {profile.name} has no {family.name} criteria" if profile else \
+            "no --profile"
+        return f"verdict: measured ({why}: nothing judged)"
+    failed = len(verdict.failing)
+    word = "FAIL" if failed else "INCOMPLETE" if verdict.unverified else \
+        "INCONCLUSIVE" if any(v.inconclusive for v in verdict.verdicts) else "PASS"
+    return (f"verdict: {word} against profile {profile.name}: {verdict.checks - failed} of "
+            f"{verdict.checks} checks passed"
+            + (f", {len(verdict.unverified)} not judged" if verdict.unverified else ""))
 
 
 def run(args, families: dict[str, Family]) -> int:
@@ -226,9 +269,12 @@ def run(args, families: dict[str, Family]) -> int:
             doc = {**doc, **verdict.as_dict(), "profile": profile.name}
         print(json.dumps(doc, indent=2, default=str))
     else:
+        print(f"ran: {family.name} on {target.spec}: "
+              + " ".join(described(family.fields, settings)))
         print("\n".join(outcome.lines()))
-        if verdict:
+        if verdict and verdict.lines():
             print("\n".join(verdict.lines()))
+        print(verdict_line(verdict, outcome, family, profile))
     if verdict:
         print(f"qual {name}: " + store.store_record(
             run_record(family, target, profile, measured, verdict, started,

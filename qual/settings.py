@@ -122,6 +122,37 @@ def flag_value(f: Field, text: str):
     return text
 
 
+def shown(f: Field, value) -> str:
+    """A parsed value as a person writes it in a profile or a flag: 256 KiB, 2 s, 16,64."""
+    if isinstance(value, list):
+        one = Field(f.name, f.kind.removesuffix("s"))
+        return ",".join(shown(one, v) for v in value)
+    if isinstance(value, bool):
+        return "yes" if value else NEGATED
+    if f.kind == "size":
+        return units.format_size(value)
+    if f.kind == "duration":
+        return units.format_duration(value)
+    if f.kind == "ratio":
+        return f"{value * 100:g} %"
+    return str(value)
+
+
+def described(fields: tuple[Field, ...], settings: dict, prefix: str = "") -> list[str]:
+    """`key=value` for every setting a run was given (nested tables' keys dotted), in the
+    fields' order: what a command ran."""
+    out = []
+    for f in fields:
+        value = settings.get(f.name)
+        if value is None:
+            continue
+        if f.kind == "table":
+            out += described(f.fields, value, f"{prefix}{f.name}.")
+        else:
+            out.append(f"{prefix}{f.name}={shown(f, value)}")
+    return out
+
+
 def nest(flat: dict[str, object]) -> dict:
     """{"a.b": 1} -> {"a": {"b": 1}}."""
     out: dict = {}

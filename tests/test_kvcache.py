@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -247,6 +248,26 @@ def test_a_profile_judges_the_most_users_at_the_class_target(tmp_path, least, st
     assert doc["max_users"] == 4 and doc["failed_at"] is None  # 60 s holds everywhere
     assert [v["passed"] for v in doc["verdicts"]] == [status == 0]
     assert not (Path(tmp_path) / "qual-kvcache").exists()
+
+
+def test_the_command_says_what_it_ran_and_its_verdict_and_paces_its_progress(tmp_path):
+    """`qual kvcache --profile ci`: the model, the users and the sizes it ran; a verdict line
+    (the ci profile judges no kvcache figure: it says so rather than PASS); progress at most a
+    line every 10 s, the last one held back shown at the end (the run's 400-odd requests
+    printed 103 lines)."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "kvcache", "--target",
+                           str(tmp_path), "--profile", "ci", "--store", "off"],
+                          capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout.splitlines()
+    assert out[0].startswith(f"ran: kvcache on {tmp_path}: model=llama3.1-8b mode=fixed users=4")
+    assert "block_size=256 KiB" in out[0] and "duration=2 s" in out[0]
+    assert out[-1] == "verdict: measured (profile ci has no kvcache criteria: nothing judged)"
+    paced = [x for x in proc.stderr.splitlines() if x.startswith("qual kvcache: [")]
+    assert 1 <= len(paced) <= 2 + took // 10, proc.stderr
+    assert paced[-1].startswith("qual kvcache: [100 %]")  # the last, held back, at the end
 
 
 def test_a_shared_prefix_is_written_once_and_read_by_every_decode(tmp_path):
