@@ -34,6 +34,17 @@ class Field:
     was: tuple[str, ...] = ()  # flag spellings removed: given, they are told the new one
 
 
+def host_memory() -> int | None:
+    """The host's available memory (MemAvailable, bytes), or None where /proc/meminfo does
+    not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Rates:
     """What a plan assumes of the target and the host before anything is measured: the
@@ -62,8 +73,8 @@ class Rates:
 class Work:
     """Part of what one test of a family's suite does to the target: its estimated seconds,
     the bytes it writes and reads, and the room it needs on the target at once (`space`,
-    described by `what` in a refusal). Work with the same `key` is shared (a dataset, a
-    module's workload run): it runs once, in the first selected test that needs it. `longest`:
+    described by `what` in a refusal; `memory`, the host memory it needs at once). Work with
+    the same `key` is shared (a dataset, a module's workload run): it runs once, in the first selected test that needs it. `longest`:
     the most seconds it may take where that is known and more than `seconds` (a test in rounds
     until steady state: `seconds` at its window, `longest` at its round limit). `repeated`: the
     measuring, done again in each repetition (the profile's `repeats`) where other work (a
@@ -79,6 +90,7 @@ class Work:
     what: str = ""
     longest: float | None = None
     repeated: bool = False
+    memory: int = 0  # host memory it needs at once (a vector index's build or searchers)
 
 
 class Progress(Protocol):

@@ -73,7 +73,8 @@ def measurement_id(metric: Metric, params: dict[str, object]) -> str:
 
 
 BASE_UNIT = {"size": "B", "bandwidth": "B/s", "time": "s", "rate": "IOPS",
-             "samples": "samples/s", "tokens": "tokens/s", "temperature": "C", "ratio": "x", "count": "count"}
+             "samples": "samples/s", "tokens": "tokens/s", "queries": "queries/s",
+             "temperature": "C", "ratio": "x", "count": "count"}
 
 # what the judge reads of a measurement besides its value: typed fields, written into the
 # record's `context` as before (so that records and baselines keep one schema)

@@ -13,7 +13,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-from qual.family import Rates, Settings
+from qual.family import Rates, Settings, host_memory
 from qual.stats import median
 from qual.targets import SPACE_RESERVE, Target, guard_refusals, scratch
 from qual.targets.filesystem import usable_room
@@ -198,7 +198,8 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
                 tables[name], fitted[name] = got[0], {"changes": got[1], "caveat": got[2]}
     done: set[tuple[str, int]] = set()
     filled = _filled(target)
-    tests, short = [], {}
+    tests, short, memory = [], {}, {}
+    have = host_memory()
     for s in chosen:
         family = families[s.family]
         where = "file" if not block else "filesystem" if family.filesystem else "raw"
@@ -211,6 +212,8 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
         fills = where == "file" and not family.filesystem or \
             where == "raw" and any(w.bytes_read for w in works)
         for w in works:
+            if have is not None and w.memory > have:
+                memory.setdefault((s.family, w.what, w.memory), []).append(s.id)
             if w.space:
                 space = max(space, w.space)
                 if room is not None and w.space > room:
@@ -234,6 +237,9 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
         tests.append(PlannedTest(s.id, s.family, where, written, read, seconds * factor, space,
                                  max(seconds * factor, longest), seconds))
     refusals = _space_refusals(short, profile)
+    refusals += [f"does not fit in memory: {what} needs {format_size(need)} of host memory; "
+                 f"this host has {format_size(have)} available (tests: {', '.join(ids)})"
+                 for (family, what, need), ids in memory.items()]
     if keep and needs_fs:
         most: dict[str, int] = {}  # a family's tests share its data: its largest need counts
         for t in tests:

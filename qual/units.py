@@ -20,8 +20,8 @@ class UnitError(ValueError):
 @dataclass(frozen=True)
 class Unit:
     name: str
-    dimension: str  # size | bandwidth | time | rate | samples | tokens | temperature | ratio |
-    #                 count
+    dimension: str  # size | bandwidth | time | rate | samples | tokens | queries | temperature |
+    #                 ratio | count
     factor: float  # base units per one of this unit
 
 
@@ -51,10 +51,12 @@ UNITS["x"] = Unit("x", "ratio", 1.0)
 UNITS["count"] = Unit("count", "count", 1.0)
 UNITS["samples/s"] = Unit("samples/s", "samples", 1.0)  # training samples consumed
 UNITS["tokens/s"] = Unit("tokens/s", "tokens", 1.0)  # tokens an inference server generated
+UNITS["queries/s"] = Unit("queries/s", "queries", 1.0)  # searches a vector index answered
+UNITS["QPS"] = Unit("QPS", "queries", 1.0)
 UNITS["C"] = Unit("C", "temperature", 1.0)  # a temperature difference (kelvin = degrees C)
 
-DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "tokens", "temperature", "ratio",
-              "count")
+DIMENSIONS = ("size", "bandwidth", "time", "rate", "samples", "tokens", "queries", "temperature",
+              "ratio", "count")
 
 _QUANTITY = re.compile(r"^\s*([-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*"
                        r"([A-Za-zµ%/]*)\s*$")
@@ -148,6 +150,7 @@ _AUTO = {
     "rate": ("IOPS", "kIOPS", "MIOPS"),
     "samples": ("samples/s",),
     "tokens": ("tokens/s",),
+    "queries": ("queries/s",),
     "temperature": ("C",),
 }
 

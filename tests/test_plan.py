@@ -190,7 +190,7 @@ def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_de
     where = {t["family"]: t["where"] for t in doc["tests"]}
     assert where == {"bandwidth": "raw", "integrity": "raw", "pts": "raw",
                      "kvcache": "raw", "checkpoint": "filesystem", "gnn": "filesystem",
-                     "training": "filesystem"}
+                     "training": "filesystem", "vectordb": "filesystem"}
     proc = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
                 serial_of(dev), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -200,7 +200,7 @@ def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_de
     assert ran["test_bandwidth.py"] == ran["test_pts.py"] == ran["test_integrity.py"] == \
         ran["test_kvcache.py"] == "raw"
     assert ran["test_checkpoint.py"] == ran["test_gnn.py"] == ran["test_training_io.py"] == \
-        "filesystem"
+        ran["test_vectordb.py"] == "filesystem"
     order = [t["nodeid"] for t in record["tests"]]
     assert max(i for i, n in enumerate(order) if "test_pts" in n) < \
         min(i for i, n in enumerate(order) if "test_checkpoint" in n)  # raw suites first

@@ -226,6 +226,8 @@ PHASES = {  # phase -> (qual run -k, profile, when to kill)
     "gnn": ("gnn and not gpu", TINY_ALL, _running("qual.workloads.gnn.mmap_server")),
     "training": ("training", TINY_ALL, _started("test_training_io.py::", 0.5)),
     "kvcache": ("kvcache", shipped("thresholds") / "ci.toml", _started("test_kvcache.py::")),
+    "vectordb": ("vectordb", shipped("thresholds") / "ci.toml",
+                 _running("qual.workloads.vectordb.worker")),
 }
 
 

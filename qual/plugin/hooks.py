@@ -161,10 +161,12 @@ def pytest_collectstart(collector):
 def _declared_test(declared, module: str):
     """The test a family declares (qual.family.SuiteTest): one section of the suite's shared
     run recorded, the named charts attached."""
-    def test(outcome, table, record):
+    def test(request, table, record):
         why = declared.skip(table) if declared.skip else None
         if why:
             pytest.skip(why)
+        # the shared run only now: a test that skips does not start it
+        outcome = request.getfixturevalue("outcome")
         record.outcome(outcome, section=declared.section, charts=declared.charts)
     return _as_declared(test, declared, module)
 

@@ -21,6 +21,7 @@ BUILTIN = (
     "qual.workloads.training",
     "qual.workloads.integrity",
     "qual.workloads.kvcache",
+    "qual.workloads.vectordb",
     "qual.workloads.health",
 )
 
