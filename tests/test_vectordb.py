@@ -92,3 +92,23 @@ def test_the_plan_refuses_an_index_the_host_cannot_hold(tmp_path):
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "does not fit in memory: the vectors and DiskANN's disk index (100,000,000 x " \
            "1536) needs" in proc.stdout
+
+
+@needs_root
+def test_qual_fit_scales_the_vectors_to_the_target_s_room(tmp_path, loop_device):
+    """A million vectors of 128 dimensions (about 1.2 GiB with the index) on a 256 MiB drive:
+    refused without --qual-fit, scaled to fewer vectors with it, nothing written either way."""
+    drive = loop_device.mount(loop_device(256 << 20))
+    profile = tmp_path / "big.toml"
+    profile.write_text('[profile]\ndescription = "tests: a million vectors"\n\n[vectordb]\n'
+                       'vectors = 1000000\ndimensions = 128\nsearchers = 2\n')
+    args = ["run", "--target", str(drive), "--profile", str(profile), "-k", "vectordb",
+            "--plan", "--json"]
+    refused = json.loads(qual(*args, cwd=tmp_path).stdout)
+    assert any(r.startswith("does not fit: the vectors and DiskANN's disk index")
+               for r in refused["refusals"]), refused["refusals"]
+    fitted = json.loads(qual(*args, "--qual-fit", cwd=tmp_path).stdout)
+    assert fitted["refusals"] == []
+    vectors = fitted["fitted"]["vectordb"]["changes"]["vectors"]
+    assert 10_000 < vectors < 1_000_000
+    assert not (drive / "qual-vectordb").exists()
