@@ -270,6 +270,21 @@ def test_the_command_says_what_it_ran_and_its_verdict_and_paces_its_progress(tmp
     assert paced[-1].startswith("qual kvcache: [100 %]")  # the last, held back, at the end
 
 
+def test_the_higher_class_is_served_first_and_its_latency_shows_it(tmp_path):
+    """The reference's queue serves interactive before responsive before batch: with every
+    user ready at once, each batch serves its interactive requests first, so their end-to-end
+    latency is the lowest and the batch class's the highest (every class had identical p95 and
+    p99 when a batch was served as one)."""
+    outcome = kvcache.run(Target(tmp_path), table(users=6, requests=4, context_tokens=[64, 128]),
+                          seed=3)
+    r = outcome.result
+    e2e = {c: p95 for c, (p95, _) in r["e2e"].items()}
+    assert e2e["interactive"] < e2e["responsive"] < e2e["batch"], e2e
+    kept = {c: [q for q in r["requests"] if q["qos"] == c] for c in e2e}
+    waits = {c: max(q["started"] - q["arrival"] for q in kept[c]) for c in kept}
+    assert waits["interactive"] < waits["batch"]  # the lower class waited for the higher one
+
+
 def test_a_shared_prefix_is_written_once_and_read_by_every_decode(tmp_path):
     """Two system prompts shared by four users: each prefix's entry is written once, by the
     first request that needs it, and every decode of every conversation reads it back."""

@@ -4,7 +4,8 @@ there are some) with an inference server that keeps each turn's attention keys a
 memory (`cpu_mem`), each least recently used first out, then the drive (a store qual lays out
 on the target: a file in a folder of its own, or a block device's first bytes past the
 guard) — evicting down a tier ("waterfall"). The server serves every request that has arrived
-as one batch, as continuous batching does: prefill writes the batch's new entries, decode
+in one round, as continuous batching does, and within it each QoS class in turn, the highest
+first, as the reference's priority queue does: prefill writes the class's new entries, decode
 reads back every entry of each conversation that memory does not hold. Entries move through
 the native engine with O_DIRECT (qual.engine.KvStore), so the drive's own counters account
 for every byte. A run is one user count (fixed) or a search over them (qos, capacity)."""
@@ -24,11 +25,12 @@ from qual import engine, honesty
 from qual.errors import TargetUnavailable
 from qual.targets import Target
 from qual.targets.scratch import fsync_dir, own_folder, remove_made
-from qual.workloads.kvcache.spec import (MODELS, conversation_bytes, drive_bytes,
+from qual.workloads.kvcache.spec import (MODELS, QOS, conversation_bytes, drive_bytes,
                                          entry_bytes, prefix_bytes, targets, turn_entries)
 from qual.workloads.kvcache.tally import Tally
 
 FOLDER = "qual-kvcache"
+PRIORITY = tuple(QOS)  # the reference's service order: interactive, responsive, batch
 MANIFEST = "manifest.json"
 
 
@@ -296,6 +298,32 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
             setattr(r, f"{op}_s", max(getattr(r, f"{op}_s") or 0.0, float(lat) + got.sync_s))
         return got.bytes
 
+    def serve_group(group: list[Request]) -> tuple[int, int]:
+        """Prefill, then decode, of requests served together: the bytes written and read."""
+        # prefill: each request's new entry, placed in the fastest tier with room
+        writes, owner = [], []
+        for r in group:
+            new = [((r.user, r.conversation, r.turn), entry_bytes(r.new_tokens, bpt))]
+            if prefixes and not tiers.has(_prefix(r, prefixes)):  # its first user writes it
+                new.insert(0, (_prefix(r, prefixes), prefix))
+            for entry, size in new:
+                for key, nbytes in tiers.place(entry, size):
+                    writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
+                    owner.append(r)
+        w = moved("write", writes, owner) if writes else 0
+        # decode: every entry of the conversation so far that host memory does not hold
+        reads, owner = [], []
+        for r in group:
+            past = [(r.user, r.conversation, turn) for turn in range(r.turn + 1)]
+            for key in ([_prefix(r, prefixes)] if prefixes else []) + past:
+                tier = tiers.where(key)
+                hits[tier] += 1
+                if tier == "drive":
+                    offset, nbytes = tiers.drive[key]
+                    reads.append((offset, sink[:nbytes]))
+                    owner.append(r)
+        return w, moved("read", reads, owner) if reads else 0
+
     t0 = time.monotonic()
     while True:
         now = time.monotonic() - t0
@@ -308,43 +336,29 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
             now = time.monotonic() - t0
         batch = [convs[u][next_turn[u]] for u in waiting if ready_at[u] <= now]
         for r in batch:
-            r.arrival, r.started = ready_at[r.user], now
-        # prefill: each request's new entry, placed in the fastest tier with room
-        writes, owner = [], []
-        for r in batch:
-            new = [((r.user, r.conversation, r.turn), entry_bytes(r.new_tokens, bpt))]
-            if prefixes and not tiers.has(_prefix(r, prefixes)):  # its first user writes it
-                new.insert(0, (_prefix(r, prefixes), prefix))
-            for entry, size in new:
-                for key, nbytes in tiers.place(entry, size):
-                    writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
-                    owner.append(r)
-        if writes:
-            written += moved("write", writes, owner)
-        # decode: every entry of the conversation so far that host memory does not hold
-        reads, owner = [], []
-        for r in batch:
-            past = [(r.user, r.conversation, turn) for turn in range(r.turn + 1)]
-            for key in ([_prefix(r, prefixes)] if prefixes else []) + past:
-                tier = tiers.where(key)
-                hits[tier] += 1
-                if tier == "drive":
-                    offset, nbytes = tiers.drive[key]
-                    reads.append((offset, sink[:nbytes]))
-                    owner.append(r)
-        if reads:
-            read += moved("read", reads, owner)
-        end = time.monotonic() - t0
-        for r in batch:
-            r.done = end
-            next_turn[r.user] += 1
-            ready_at[r.user] = end + table["think_time"]
-            tally.add(r)
-            if duration and next_turn[r.user] == len(convs[r.user]):
-                # the conversation is over: the user's next one takes its room
-                tiers.forget(r.user, r.conversation, len(convs[r.user]))
-                convs[r.user] = _conversation(table, seed, r.user, r.conversation + 1)
-                next_turn[r.user] = 0
+            r.arrival = ready_at[r.user]
+        # the reference's queue serves the higher QoS class first: each class of the batch in
+        # turn, its prefill writes then its decode reads, before the next class is started
+        for cls in PRIORITY:
+            group = [r for r in batch if r.qos == cls]
+            if not group:
+                continue
+            begun = time.monotonic() - t0
+            for r in group:
+                r.started = begun
+            w, rd = serve_group(group)
+            written, read = written + w, read + rd
+            end = time.monotonic() - t0
+            for r in group:
+                r.done = end
+                next_turn[r.user] += 1
+                ready_at[r.user] = end + table["think_time"]
+                tally.add(r)
+                if duration and next_turn[r.user] == len(convs[r.user]):
+                    # the conversation is over: the user's next one takes its room
+                    tiers.forget(r.user, r.conversation, len(convs[r.user]))
+                    convs[r.user] = _conversation(table, seed, r.user, r.conversation + 1)
+                    next_turn[r.user] = 0
         if progress:
             done = min(1.0, end / duration) if duration else tally.served / total
             progress(f"{users} users: {tally.served} requests served", done)
