@@ -7,10 +7,12 @@ store behind the guard, a profile judging the search's answer, and refusals befo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,7 +25,7 @@ from qual.workloads import kvcache
 from qual.workloads.kvcache.spec import MODELS, conversation_bytes, prefix_bytes
 from qual.workloads.kvcache import workload
 from qual.workloads.kvcache.tally import KEPT, Tally
-from qual.workloads.kvcache.workload import (Request, Tiers, holds, search_capacity,
+from qual.workloads.kvcache.workload import (Request, Tiers, holds, search_capacity, serve,
                                              search_qos)
 
 from testbed import needs_root, sh, sha256_of
@@ -283,6 +285,106 @@ def test_the_higher_class_is_served_first_and_its_latency_shows_it(tmp_path):
     kept = {c: [q for q in r["requests"] if q["qos"] == c] for c in e2e}
     waits = {c: max(q["started"] - q["arrival"] for q in kept[c]) for c in kept}
     assert waits["interactive"] < waits["batch"]  # the lower class waited for the higher one
+
+
+def test_a_class_the_higher_ones_starve_is_said_not_hidden(tmp_path):
+    """With no pause between requests the interactive user, served first whenever it has a
+    request waiting, keeps a duration-bound server busy: the other classes serve nothing, and
+    the run says so on its throughput rather than report two classes fewer."""
+    outcome = kvcache.run(Target(tmp_path), table(users=3, duration="1 s"), seed=3)
+    assert set(outcome.result["e2e"]) == {"interactive"}
+    (tokens,) = [m for m in outcome.measurements() if m.metric == "kv_tokens_per_s"]
+    assert [c.split(":")[0] for c in tokens.caveats] == ["class responsive served no request",
+                                                          "class batch served no request"]
+
+
+class FileStore:
+    """A store of the server's entries in a real file (pwrite + fdatasync, pread), which
+    keeps the size of every write batch the server hands it."""
+
+    backend = "pwrite"
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.batches: list[int] = []
+
+    def _moved(self, entries, op) -> SimpleNamespace:
+        started, lat = time.perf_counter(), []
+        for offset, buf in entries:
+            t = time.perf_counter()
+            if op == "write":
+                os.pwrite(self.fd, buf, offset)
+            else:
+                os.preadv(self.fd, [buf], offset)
+            lat.append(time.perf_counter() - t)
+        sync = 0.0
+        if op == "write":
+            t = time.perf_counter()
+            os.fdatasync(self.fd)
+            sync = time.perf_counter() - t
+            self.batches.append(len(entries))
+        return SimpleNamespace(bytes=sum(len(b) for _, b in entries), latencies=lat,
+                               elapsed=time.perf_counter() - started, sync_s=sync)
+
+    def write(self, entries):
+        return self._moved(entries, "write")
+
+    def read(self, entries):
+        return self._moved(entries, "read")
+
+
+def test_concurrent_allocations_bound_the_entries_a_round_writes_at_once(tmp_path):
+    """The reference's max-concurrent-allocs: 16 users arrive together; with allocations = 3
+    no write batch holds more than 3 entries, with 0 the round's entries go at once."""
+    sizes = {}
+    for allocations in (3, 0):
+        store = FileStore(tmp_path / f"store-{allocations}.bin")
+        serve(table(users=16, requests=2, allocations=allocations, classes=["batch"]), store,
+              seed=1)
+        sizes[allocations] = store.batches
+        os.close(store.fd)
+    assert max(sizes[3]) == 3 and sum(sizes[3]) == sum(sizes[0]) == 32
+    assert max(sizes[0]) == 16
+
+
+@needs_root
+def test_an_mlperf_option_with_two_clients_is_scored_as_the_release_scores_it(
+        tmp_path, ram_device, loop_device):
+    """`qual kvcache --mlperf-option 1 --clients 2` (2 s a trial): three trials of two
+    clients of 200 users each, seed 42; read and write bandwidth and storage throughput
+    summed over clients and averaged over trials, the device p95s the worst client's; the
+    drive counted every byte; the departures listed, the shortened duration first."""
+    folder = loop_device.mount(ram_device(4 << 30), options="noatime")
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "kvcache", "--target",
+                           str(folder), "--mlperf-option", "1", "--clients", "2",
+                           "--duration", "2s", "--context-tokens", "16,32", "--turn-tokens",
+                           "8", "--generation-tokens", "8", "--requests", "2", "--block-size",
+                           "256K", "--json", "-q"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert (doc["option"], doc["users"], doc["clients"], doc["seed"]) == (1, 200, 2, 42)
+    assert len(doc["trials"]) == 3 and all(len(t["clients"]) == 2 for t in doc["trials"])
+    every = [c for t in doc["trials"] for c in t["clients"]]
+    assert [c["seed"] for c in doc["trials"][0]["clients"]] == [42, 43]
+    sums = [sum(c["read"] / c["wall_s"] for c in t["clients"]) for t in doc["trials"]]
+    assert doc["read_bw"] == pytest.approx(sum(sums) / 3)
+    assert doc["worst_read_p95"] == max(c["entry_read_p95"] for c in every) > 0
+    assert doc["worst_write_p95"] == max(c["entry_write_p95"] for c in every) > 0
+    assert doc["storage_tokens_per_s"] == pytest.approx(
+        sum(sum(c["storage_tokens_per_s"] for c in t["clients"]) for t in doc["trials"]) / 3)
+    for t in doc["trials"]:
+        assert t["read_truth"]["device_truth"] == t["write_truth"]["device_truth"] == "counted"
+    assert doc["departures"][0].startswith("duration 2 s, not the option's 5 min")
+    assert not (folder / "qual-kvcache").exists()
+
+
+def test_an_option_refuses_a_locked_value_before_any_io(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "kvcache", "--target",
+                           str(tmp_path), "--mlperf-option", "2", "--cpu-mem", "1G"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--cpu-mem: option 2 fixes cpu_mem at 4294967296" in proc.stderr
+    assert not (tmp_path / "qual-kvcache").exists()
 
 
 def test_a_shared_prefix_is_written_once_and_read_by_every_decode(tmp_path):

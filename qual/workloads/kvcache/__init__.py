@@ -10,10 +10,11 @@ import math
 
 from qual.family import Family, Flags, Rates, SuiteTest, Work, declares
 from qual.targets import Target
-from qual.workloads.kvcache.results import KvCacheOutcome
+from qual.workloads.kvcache.results import ClosedOutcome, KvCacheOutcome
 from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
-                                         drive_bytes, prefix_bytes, turn_entries)
-from qual.workloads.kvcache import workload
+                                         drive_bytes, option_table, prefix_bytes,
+                                         turn_entries)
+from qual.workloads.kvcache import clients, workload
 
 TESTS = (
     SuiteTest("storage", "KV-cache storage", "Prefill-write and decode-read latency on the drive, "
@@ -26,7 +27,13 @@ TESTS = (
 )
 
 
-def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> KvCacheOutcome:
+def run(target: Target, table: dict, *, seed: int = 1,
+        progress=None) -> KvCacheOutcome | ClosedOutcome:
+    """One server (a user count, or a search), or several clients' trials: an MLPerf option,
+    `clients` above 1 or `trials` above 1."""
+    if table["mlperf_option"] or table["clients"] > 1 or table["trials"] > 1:
+        return ClosedOutcome(clients.run(target, table, seed=seed, progress=progress),
+                             str(target.path))
     return KvCacheOutcome(workload.run(target, table, seed=seed, progress=progress),
                           str(target.path))
 
@@ -46,8 +53,19 @@ def explain(table: dict) -> tuple[dict, list[str]]:
         lines.append(f"{table['prefixes']} shared prefixes of {table['prefix_tokens']:,} tokens = "
                      f"{prefix_bytes(table) / 2**20:,.1f} MiB each, written once, read by "
                      "every decode of the conversations that share them")
-    return {"model": m.name, "bytes_per_token": m.bytes_per_token,
-            "derivation": m.derivation(), "source": "MLPerf Storage v3.0, kv_cache_benchmark"}, lines
+    doc = {"model": m.name, "bytes_per_token": m.bytes_per_token,
+           "derivation": m.derivation(), "source": "MLPerf Storage v3.0, kv_cache_benchmark"}
+    if table["mlperf_option"] or table["clients"] > 1 or table["trials"] > 1:
+        store = drive_bytes(table) * table["clients"]
+        seconds = table["duration"] * table["trials"]
+        lines.append(f"{table['clients']} client(s) at once, each its own store of "
+                     f"{drive_bytes(table):,} B ({store:,} B on the target); "
+                     f"{table['trials']} trial(s) of {table['duration']:g} s: "
+                     + (f"{seconds:g} s of serving" if seconds else "each until its requests "
+                        "are served"))
+        doc.update(clients=table["clients"], trials=table["trials"], store_bytes=store,
+                   serving_s=seconds, mlperf_option=table["mlperf_option"])
+    return doc, lines
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
@@ -65,11 +83,14 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     seconds = table["duration"] or written / rates.write_bw + read / rates.read_bw
     if table["mode"] != "fixed":
         seconds *= 2 * max(1, math.ceil(math.log2(table["max_users"] / table["users"]))) + 1
-    return [Work("kvcache run", seconds, bytes_written=written, bytes_read=read, space=written,
-                 repeated=True, what=f"the KV store ({users} users, {table['model']})")]
+    # clients run at once, each its own store; trials one after the other
+    clients, trials = table["clients"], table["trials"]
+    return [Work("kvcache run", seconds * trials, bytes_written=written * clients * trials,
+                 bytes_read=read * clients * trials, space=written * clients, repeated=True,
+                 what=f"the KV store ({users} users x {clients} client(s), {table['model']})")]
 
 
 FAMILY = Family(name=NAME, description="MLPerf Storage v3.0 KV-cache offload: prefill writes, "
                 "decode reads, per request, with device truth", fields=FIELDS, metrics=METRICS,
                 check=check_table, cells=cells, run=run, remove=workload.remove,
-                plan=_plan, flags=Flags(explain=explain), tests=TESTS)
+                plan=_plan, flags=Flags(defaults=option_table, explain=explain), tests=TESTS)

@@ -48,9 +48,13 @@ class KvCacheOutcome(Outcome):
         for c in r["qos"]:
             out += _percentiles(lat["e2e"][c], PERCENTILES[1:], METRICS["kv_e2e_lat"],
                                 {"class": c}, ctx)
+        starved = [c for c in r["qos"] if not lat["e2e"][c].count]
+        said = [f"class {c} served no request: the server serves the highest class that has "
+                "arrived first, and the higher ones kept it busy (give think_time)"
+                for c in starved]
         out += _percentiles(lat["wait"], PERCENTILES, METRICS["kv_queue_wait"], {}, ctx)
         out.append(measure(NAME, METRICS["kv_tokens_per_s"], {}, r["tokens"] / r["wall_s"],
-                           context=ctx))
+                           context=ctx, caveats=said))
         if r["storage_s"]:
             out.append(measure(NAME, METRICS["kv_storage_tokens_per_s"], {},
                                r["tokens"] / r["storage_s"], context=ctx))
@@ -82,3 +86,50 @@ class KvCacheOutcome(Outcome):
                 "written", "read", "hits", "tokens", "tokens_per_s", "storage_tokens_per_s",
                 "e2e", "qos", "device", "max_users", "failed_at", "peak_users", "trials")
         return {k: r[k] for k in keys if k in r} | {"requests": r["served"]}
+
+
+class ClosedOutcome(Outcome):
+    """Several clients' trials (qual.workloads.kvcache.clients): the release's scored figures,
+    under its names, with every client's and trial's figures and the rules qual departs from
+    in their context."""
+
+    def __init__(self, result: dict, target: str):
+        self.result, self.target = result, target
+
+    def measurements(self, section: str | None = None) -> list[Measurement]:
+        if section == "service":
+            return []
+        r = self.result
+        ctx = {"target": self.target, "backend": r["trials"][-1]["clients"][0]["backend"],
+               "path": "O_DIRECT", "model": r["model"], "users_per_client": r["users"],
+               "clients": r["clients"], "trials": len(r["trials"]), "seed": r["seed"],
+               "mlperf_option": r["option"], "departures": r["departures"],
+               "per_trial": [[{k: c[k] for k in ("client", "read", "written", "wall_s",
+                                                  "storage_tokens_per_s", "entry_read_p95",
+                                                  "entry_write_p95")}
+                              for c in t["clients"]] for t in r["trials"]]}
+        read = {**ctx, **r["trials"][-1]["read_truth"]}
+        write = {**ctx, **r["trials"][-1]["write_truth"]}
+        return [measure(NAME, METRICS["kv_aggregate_read_bw"], {}, r["read_bw"], context=read),
+                measure(NAME, METRICS["kv_aggregate_write_bw"], {}, r["write_bw"],
+                        context=write),
+                measure(NAME, METRICS["kv_aggregate_storage_tokens_per_s"], {},
+                        r["storage_tokens_per_s"], context=ctx),
+                measure(NAME, METRICS["kv_worst_client_read_p95"], {}, r["worst_read_p95"],
+                        context=read),
+                measure(NAME, METRICS["kv_worst_client_write_p95"], {}, r["worst_write_p95"],
+                        context=write)]
+
+    def document(self) -> dict:
+        return self.result
+
+    def lines(self) -> list[str]:
+        r = self.result
+        what = (f"MLPerf Storage v3.0 KV cache, closed option {r['option']} "
+                f"({r['option_name']})" if r["option"] else "KV cache, several clients")
+        out = [f"{what}: {r['model']}, {r['users']} users per client x {r['clients']} "
+               f"client(s), {len(r['trials'])} trial(s) of {r['duration']:g} s, seed "
+               f"{r['seed']}"]
+        out += [f"{m.id} = {m.shown()}" for m in self.measurements()]
+        out += [f"departs from the release: {d}" for d in r["departures"]]
+        return out

@@ -60,6 +60,20 @@ MODELS = {m.name: m for m in (
 # the reference's QoS classes: end-to-end latency targets (seconds) at p95 and p99
 QOS = {"interactive": (0.050, 0.100), "responsive": (0.100, 0.200), "batch": (1.0, 5.0)}
 MODES = ("fixed", "qos", "capacity")
+
+# MLPerf Storage v3.0's closed KV-cache options (Rules.md §6.3.1, Table KVCache-1): each
+# client's fixed workload; generation-mode none (no simulated token time) as qual always runs.
+# The release's option 3 names llama3.1-70b-instruct, whose KV entry is llama3.1-70b's.
+OPTIONS = {
+    1: {"name": "Max Storage Stress", "model": "llama3.1-8b", "users": 200, "cpu_mem": 0,
+        "gpu_mem": 0, "allocations": 16},
+    2: {"name": "Storage Throughput", "model": "llama3.1-8b", "users": 100,
+        "cpu_mem": 4 << 30, "gpu_mem": 0, "allocations": 16},
+    3: {"name": "Large Model (70B)", "model": "llama3.1-70b", "users": 70, "cpu_mem": 0,
+        "gpu_mem": 0, "allocations": 4},
+}
+CLOSED = {"duration": 300.0, "trials": 3, "seed": 42}  # Rules.md §6.3.2.1: the sequence locks
+LOCKED = ("model", "users", "cpu_mem", "gpu_mem", "allocations", "trials", "mode")
 _PCT, _OP, _CLASS, _TIER = (Param("pct", "percentile"), Param("op", "name"), Param("class", "name"),
                             Param("tier", "name"))
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -84,7 +98,23 @@ METRICS = {m.name: m for m in (
            "search's next step did not)"),
     Metric("kv_peak_users", "count", "higher", (),
            "capacity mode: the users at the peak storage throughput"),
+    Metric("kv_aggregate_read_bw", "bandwidth", "higher", (),
+           "MLPerf's aggregate storage read bandwidth: each client's drive-tier bytes read over "
+           "the run's duration, summed over clients, the mean over trials (Rules.md §6.3.4.1)"),
+    Metric("kv_aggregate_write_bw", "bandwidth", "higher", (),
+           "the same of the drive-tier bytes written"),
+    Metric("kv_aggregate_storage_tokens_per_s", "tokens", "higher", (),
+           "MLPerf's aggregate storage throughput: each client's tokens per second of storage "
+           "time, summed over clients, the mean over trials (Rules.md §6.3.4.2)"),
+    Metric("kv_worst_client_read_p95", "time", "lower", (),
+           "MLPerf's aggregate device read p95: the worst client's p95 of one entry's read, "
+           "over all clients and trials, not a pooled percentile (Rules.md §6.3.4.3)"),
+    Metric("kv_worst_client_write_p95", "time", "lower", (),
+           "the same of one entry's write, its fdatasync included"),
 )}
+AGGREGATE = ("kv_aggregate_read_bw", "kv_aggregate_write_bw",
+             "kv_aggregate_storage_tokens_per_s", "kv_worst_client_read_p95",
+             "kv_worst_client_write_p95")
 
 FIELDS = (
     Field("model", "choice", default="llama3.1-8b", choices=tuple(MODELS),
@@ -129,6 +159,18 @@ FIELDS = (
     Field("store_size", "size", default=0, minimum=0,
           help="the store qual lays out on the target for the drive tier (0: what the run "
                "needs at most, every entry on the drive)"),
+    Field("allocations", "count", default=0, minimum=0, maximum=4096,
+          help="entries a round's prefill writes at once, at most (the reference's "
+               "max-concurrent-allocs; 0: every entry of the round)"),
+    Field("mlperf_option", "count", default=0, minimum=0, maximum=len(OPTIONS),
+          help="run MLPerf Storage v3.0's closed option 1, 2 or 3 (Rules.md §6.3.1): its "
+               "model, users per client, memory tiers and concurrent allocations, 300 s, 3 "
+               "trials, seed 42, scored as the release scores it; 0: none"),
+    Field("clients", "count", default=1, maximum=256,
+          help="client processes (the release's MPI ranks), each its own users and store, "
+               "all at once on the target"),
+    Field("trials", "count", default=1, maximum=100,
+          help="runs of all the clients, one after the other (an option: 3)"),
     Field("block_size", "size", default="1 MiB", minimum=4096, help="bytes per I/O"),
     Field("queue_depth", "count", default=16, maximum=1024, help="I/Os in flight"),
     backend_field(),
@@ -137,6 +179,16 @@ FIELDS = (
 
 def check_table(table: dict) -> list[tuple[str, str]]:
     problems = []
+    option = OPTIONS.get(table["mlperf_option"])
+    if option:
+        locked = {**option, "trials": CLOSED["trials"], "mode": "fixed"}
+        for key in LOCKED:
+            if table[key] != locked[key]:
+                problems.append((key, f"option {table['mlperf_option']} fixes {key} at "
+                                 f"{locked[key]!r} (Rules.md §6.3.1-6.3.2); the run would not "
+                                 "be the option"))
+    elif table["clients"] > 1 and table["mode"] != "fixed":
+        problems.append(("clients", "several clients run a fixed user count, not a search"))
     lo_hi = table["context_tokens"]
     if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
         problems.append(("context_tokens", "needs two counts, the lowest first"))
@@ -199,7 +251,19 @@ def drive_bytes(table: dict, users: int | None = None) -> int:
         (users or table["users"]) * conversation_bytes(table)
 
 
+def option_table(given: dict) -> dict:
+    """A quick run's table where --mlperf-option is given: the option's locked values (the
+    command fills them; a profile spells them out)."""
+    option = OPTIONS.get(int(given.get("mlperf_option") or 0))
+    if not option:
+        return {}
+    return {**{k: v for k, v in option.items() if k != "name"}, "trials": CLOSED["trials"],
+            "duration": f"{CLOSED['duration']:g} s"}
+
+
 def cells(table: dict) -> list[str]:
+    if table["mlperf_option"] or table["clients"] > 1 or table["trials"] > 1:
+        return list(AGGREGATE)
     out = [measurement_id(METRICS["kv_storage_lat"], {"op": op, "pct": p})
            for op in ("write", "read") for p in PERCENTILES]
     out += [measurement_id(METRICS["kv_e2e_lat"], {"class": c, "pct": p})

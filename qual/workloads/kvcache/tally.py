@@ -19,16 +19,22 @@ def _ns(seconds: float) -> int:
 
 
 class Tally:
-    """Served requests: their count, the drive's write and read latency per request, each
-    QoS class's end-to-end latency, the queue wait, and the kept sample."""
+    """Served requests: their count, the drive's write and read latency per request and per
+    entry, each QoS class's end-to-end latency, the queue wait, and the kept sample."""
 
     def __init__(self, classes, seed: int):
         self.served = 0
         self.storage = {"write": LatencyHistogram(), "read": LatencyHistogram()}
+        # one entry's write (its batch's fdatasync with it) or read, as the reference times
+        # each .npy file's save or load: what MLPerf's device p95 is of
+        self.entries = {"write": LatencyHistogram(), "read": LatencyHistogram()}
         self.e2e = {c: LatencyHistogram() for c in classes}
         self.wait = LatencyHistogram()
         self.kept: list[dict] = []
         self._pick = random.Random(seed)  # the sample is the same for the same run
+
+    def entry(self, op: str, seconds: float) -> None:
+        self.entries[op].record_ns(_ns(seconds))
 
     def add(self, request) -> None:
         self.served += 1

@@ -3,10 +3,10 @@ there are some) with an inference server that keeps each turn's attention keys a
 (one KV entry) in its fastest tier with room — GPU memory where CUDA exists (`gpu_mem`), host
 memory (`cpu_mem`), each least recently used first out, then the drive (a store qual lays out
 on the target: a file in a folder of its own, or a block device's first bytes past the
-guard) — evicting down a tier ("waterfall"). The server serves every request that has arrived
-in one round, as continuous batching does, and within it each QoS class in turn, the highest
-first, as the reference's priority queue does: prefill writes the class's new entries, decode
-reads back every entry of each conversation that memory does not hold. Entries move through
+guard) — evicting down a tier ("waterfall"). The server serves the requests that have arrived
+together, as continuous batching does, but the highest QoS class that has arrived first, as
+the reference's priority queue does: prefill writes that class's new entries, decode reads
+back every entry of each conversation that memory does not hold; then the next. Entries move through
 the native engine with O_DIRECT (qual.engine.KvStore), so the drive's own counters account
 for every byte. A run is one user count (fixed) or a search over them (qos, capacity)."""
 
@@ -295,7 +295,9 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
         got = kv.write(entries) if op == "write" else kv.read(entries)
         storage_s += got.elapsed
         for r, lat in zip(owner, got.latencies):
-            setattr(r, f"{op}_s", max(getattr(r, f"{op}_s") or 0.0, float(lat) + got.sync_s))
+            took = float(lat) + got.sync_s
+            setattr(r, f"{op}_s", max(getattr(r, f"{op}_s") or 0.0, took))
+            tally.entry(op, took)
         return got.bytes
 
     def serve_group(group: list[Request]) -> tuple[int, int]:
@@ -310,7 +312,10 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
                 for key, nbytes in tiers.place(entry, size):
                     writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
                     owner.append(r)
-        w = moved("write", writes, owner) if writes else 0
+        # at most `allocations` entries written at once (the reference's max-concurrent-allocs)
+        step = table["allocations"] or len(writes) or 1
+        w = sum(moved("write", writes[i:i + step], owner[i:i + step])
+                for i in range(0, len(writes), step))
         # decode: every entry of the conversation so far that host memory does not hold
         reads, owner = [], []
         for r in group:
@@ -325,40 +330,40 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
         return w, moved("read", reads, owner) if reads else 0
 
     t0 = time.monotonic()
+    pending: dict[int, Request] = {}  # arrived, not yet served, by user
     while True:
         now = time.monotonic() - t0
         waiting = [u for u in range(users) if next_turn[u] < len(convs[u])]
         if not waiting or (duration and now >= duration):
             break
         soonest = min(ready_at[u] for u in waiting)
-        if soonest > now:
+        if not pending and soonest > now:
             time.sleep(soonest - now)
             now = time.monotonic() - t0
-        batch = [convs[u][next_turn[u]] for u in waiting if ready_at[u] <= now]
-        for r in batch:
-            r.arrival = ready_at[r.user]
-        # the reference's queue serves the higher QoS class first: each class of the batch in
-        # turn, its prefill writes then its decode reads, before the next class is started
-        for cls in PRIORITY:
-            group = [r for r in batch if r.qos == cls]
-            if not group:
-                continue
-            begun = time.monotonic() - t0
-            for r in group:
-                r.started = begun
-            w, rd = serve_group(group)
-            written, read = written + w, read + rd
-            end = time.monotonic() - t0
-            for r in group:
-                r.done = end
-                next_turn[r.user] += 1
-                ready_at[r.user] = end + table["think_time"]
-                tally.add(r)
-                if duration and next_turn[r.user] == len(convs[r.user]):
-                    # the conversation is over: the user's next one takes its room
-                    tiers.forget(r.user, r.conversation, len(convs[r.user]))
-                    convs[r.user] = _conversation(table, seed, r.user, r.conversation + 1)
-                    next_turn[r.user] = 0
+        for u in waiting:
+            if u not in pending and ready_at[u] <= now:
+                pending[u] = convs[u][next_turn[u]]
+                pending[u].arrival = ready_at[u]
+        # the reference's priority queue: of what has arrived, the highest class is served
+        # next, all of its requests together (continuous batching); a lower class waits
+        cls = next(c for c in PRIORITY if any(r.qos == c for r in pending.values()))
+        group = [pending.pop(u) for u in [u for u, r in pending.items() if r.qos == cls]]
+        begun = time.monotonic() - t0
+        for r in group:
+            r.started = begun
+        w, rd = serve_group(group)
+        written, read = written + w, read + rd
+        end = time.monotonic() - t0
+        for r in group:
+            r.done = end
+            next_turn[r.user] += 1
+            ready_at[r.user] = end + table["think_time"]
+            tally.add(r)
+            if duration and next_turn[r.user] == len(convs[r.user]):
+                # the conversation is over: the user's next one takes its room
+                tiers.forget(r.user, r.conversation, len(convs[r.user]))
+                convs[r.user] = _conversation(table, seed, r.user, r.conversation + 1)
+                next_turn[r.user] = 0
         if progress:
             done = min(1.0, end / duration) if duration else tally.served / total
             progress(f"{users} users: {tally.served} requests served", done)
@@ -370,7 +375,9 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
             "storage_tokens_per_s": tokens / storage_s if storage_s else 0.0,
             "e2e": tally.e2e_tail(), "served": tally.served, "requests": tally.kept,
             "latency": {"write": tally.storage["write"], "read": tally.storage["read"],
-                        "e2e": tally.e2e, "wait": tally.wait}, "qos": targets(table)}
+                        "e2e": tally.e2e, "wait": tally.wait,
+                        "entry_write": tally.entries["write"],
+                        "entry_read": tally.entries["read"]}, "qos": targets(table)}
 
 
 def remove(target: Target) -> None:

@@ -1,0 +1,163 @@
+"""Several KV-cache clients at once, as MLPerf Storage v3.0 scores its closed options (Rules.md
+§6.3): `clients` client processes (the release's MPI ranks), each with its own users and its
+own store in a folder of its own on the target, started together; `trials` such runs, one
+after the other. Each client's figures are its own run's; the release aggregates them: read
+and write bandwidth and storage throughput summed over clients within a trial and averaged
+over trials, the device p95s the worst client's over all clients and trials (not a pooled
+percentile). The drive's counters must show every byte all clients moved in a trial.
+
+    python -m qual.workloads.kvcache.clients JOB.json     (one client: qual starts it)
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import fmean
+
+from qual import honesty, units, watchdog
+from qual.engine import InvalidJob
+from qual.errors import QualError
+from qual.targets import Target
+from qual.targets.scratch import own_folder
+from qual.workloads.kvcache.spec import CLOSED, OPTIONS
+from qual.workloads.kvcache.workload import FOLDER, MANIFEST
+
+CLIENT = "qual.workloads.kvcache.clients"
+STARTUP_S = 120.0  # the most a client may take to start and lay out its store
+DEPARTURES = (
+    "entries move as O_DIRECT pieces of block_size through one store file per client, not as "
+    "one .npy file per entry (np.save + fsync; fadvise DONTNEED + np.load): so the drive's own "
+    "counters account for every byte, and no host copy is in the device latency",
+    "the users' context lengths, turns and generated tokens are qual's draw (context_tokens, "
+    "turn_tokens, generation_tokens, requests), not the reference's user templates",
+    "decode reads each entry of the conversation once per request, not once plus once per 32 "
+    "generated tokens",
+    "bandwidth is each client's bytes over its own run's wall time; the reference divides by "
+    "the configured duration",
+    "clients are processes on this host (the release's MPI ranks may span hosts)",
+)
+
+
+def run(target: Target, table: dict, *, seed: int, progress=None) -> dict:
+    """Every trial of `clients` clients; the release's aggregates and every client's figures."""
+    if target.directory is None or target.kind == "block":
+        raise InvalidJob(errno.ENOTSUP, "several clients, or an MLPerf option, keep one store "
+                         "each in a folder of their own: give a directory on the drive",
+                         target=target.spec)
+    option = table["mlperf_option"]
+    seed = CLOSED["seed"] if option else seed
+    trials = []
+    for t in range(table["trials"]):
+        if progress:
+            progress(f"trial {t + 1} of {table['trials']}: {table['clients']} clients x "
+                     f"{table['users']} users", t / table["trials"])
+        before = target.device_stat()
+        clients = _launch(target, table, seed, t)
+        seen = honesty.between(before, target.device_stat())
+        read = sum(c["read"] for c in clients)
+        written = sum(c["written"] for c in clients)
+        trials.append({
+            "clients": clients, "device": seen,
+            "read_truth": honesty.check_device(seen, "read_bytes", read, "the clients' KV "
+                                               "entries read back", target.spec) if read else {},
+            "write_truth": honesty.check_device(seen, "write_bytes", written, "the clients' KV "
+                                                "entries written", target.spec) if written else {}})
+    departures = list(DEPARTURES)
+    if option and table["duration"] != CLOSED["duration"]:
+        departures.insert(0, f"duration {units.format_duration(table['duration'])}, not the "
+                          f"option's {units.format_duration(CLOSED['duration'])}")
+    return {"option": option, "option_name": OPTIONS[option]["name"] if option else None,
+            "model": table["model"], "users": table["users"], "clients": table["clients"],
+            "trials": trials, "seed": seed, "duration": table["duration"],
+            "cpu_mem": table["cpu_mem"], "allocations": table["allocations"],
+            "departures": departures, **aggregate(trials)}
+
+
+def aggregate(trials: list[dict]) -> dict:
+    """The release's aggregation (Rules.md §6.3.4): sums over clients within a trial, their
+    mean over trials; the worst client's p95 over all clients and trials."""
+    every = [c for t in trials for c in t["clients"]]
+    return {
+        "read_bw": fmean(sum(c["read"] / c["wall_s"] for c in t["clients"]) for t in trials),
+        "write_bw": fmean(sum(c["written"] / c["wall_s"] for c in t["clients"])
+                          for t in trials),
+        "storage_tokens_per_s": fmean(sum(c["storage_tokens_per_s"] for c in t["clients"])
+                                      for t in trials),
+        "worst_read_p95": max(c["entry_read_p95"] for c in every),
+        "worst_write_p95": max(c["entry_write_p95"] for c in every)}
+
+
+def _launch(target: Target, table: dict, seed: int, trial: int) -> list[dict]:
+    """One trial: every client started, released together once all are up, waited for (at
+    most the run's duration and a startup allowance, else stopped), their figures read."""
+    work = own_folder(target.directory / FOLDER) / f"clients-{os.getpid()}-{trial}"
+    work.mkdir()
+    (work / MANIFEST).write_text(json.dumps({"created_by": "qual"}))  # qual clean's, if left
+    procs = []
+    try:
+        for c in range(table["clients"]):
+            job = work / f"client-{c}.json"
+            job.write_text(json.dumps({"target": str(target.directory), "client": c,
+                                       "seed": seed + c, "table": table,
+                                       "out": str(work / f"client-{c}.out.json")}))
+            log = open(work / f"client-{c}.log", "wb")
+            procs.append(subprocess.Popen([sys.executable, "-m", CLIENT, str(job)],
+                                          stdin=subprocess.PIPE, stdout=log, stderr=log,
+                                          preexec_fn=watchdog.dies_with_me()))
+            log.close()
+        for p in procs:  # all started: go
+            p.stdin.write(b"go\n")
+            p.stdin.close()
+        limit = (table["duration"] or 600.0) * 2 + STARTUP_S
+        deadline = time.monotonic() + limit
+        for c, p in enumerate(procs):
+            try:
+                status = p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise QualError(errno.ETIMEDOUT, f"client {c} did not end within "
+                                f"{units.format_duration(limit)}", target=target.spec) from None
+            if status:
+                tail = (work / f"client-{c}.log").read_text(errors="replace")[-2000:]
+                raise QualError(errno.EIO, f"client {c} exited with {status}: {tail}",
+                                target=target.spec)
+        return [json.loads((work / f"client-{c}.out.json").read_text())
+                for c in range(len(procs))]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in work.iterdir():  # the trial's own folder: made above, by it
+            f.unlink()
+        work.rmdir()
+
+
+def client(job: dict) -> dict:
+    """One client's run (its own store, its users), once qual says go; its figures."""
+    from qual.workloads.kvcache.workload import _trial  # noqa: PLC0415 (the client's own)
+
+    sys.stdin.readline()
+    table = {**job["table"], "clients": 1, "trials": 1}
+    r = _trial(Target(job["target"]), table, job["seed"], None)
+    lat = r["latency"]
+    return {"client": job["client"], "seed": job["seed"], "backend": r["backend"],
+            "read": r["read"],
+            "written": r["written"], "wall_s": r["wall_s"], "storage_s": r["storage_s"],
+            "tokens": r["tokens"], "served": r["served"],
+            "storage_tokens_per_s": r["storage_tokens_per_s"],
+            "entry_read_p95": lat["entry_read"].percentile(95.0) / 1e9
+            if lat["entry_read"].count else 0.0,
+            "entry_write_p95": lat["entry_write"].percentile(95.0) / 1e9
+            if lat["entry_write"].count else 0.0,
+            "e2e": r["e2e"]}
+
+
+if __name__ == "__main__":
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    Path(spec["out"]).write_text(json.dumps(client(spec)))
