@@ -74,13 +74,13 @@ class Work:
     """Part of what one test of a family's suite does to the target: its estimated seconds,
     the bytes it writes and reads, and the room it needs on the target at once (`space`,
     described by `what` in a refusal; `memory`, the host memory it needs at once). Work with
-    the same `key` is shared (a dataset, a module's workload run): it runs once, in the first selected test that needs it. `longest`:
-    the most seconds it may take where that is known and more than `seconds` (a test in rounds
-    until steady state: `seconds` at its window, `longest` at its round limit). `repeated`: the
-    measuring, done again in each repetition (the profile's `repeats`) where other work (a
-    region's preconditioning, a dataset) is done once: once per test where the suite repeats
-    its tests (test ids ending -rN), `repeats` times in the one test that runs a suite's
-    shared outcome."""
+    the same `key` is shared (a dataset, a module's workload run): it runs once, in the first
+    selected test that needs it. `longest`: the most seconds it may take where that is known
+    and more than `seconds` (a test in rounds until steady state: `seconds` at its window,
+    `longest` at its round limit). `repeated`: the measuring, done again in each repetition
+    (the profile's `repeats`) where other work (a region's preconditioning, a dataset) is done
+    once: once per test where the suite repeats its tests (test ids ending -rN), `repeats`
+    times in the one test that runs a suite's shared outcome."""
 
     key: str
     seconds: float

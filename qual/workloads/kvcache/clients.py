@@ -1,5 +1,5 @@
-"""Several KV-cache clients at once, as MLPerf Storage v3.0 scores its closed options (Rules.md
-§6.3): `clients` client processes (the release's MPI ranks), each with its own users and its
+"""Several KV-cache clients at once, as MLPerf Storage v3.0 scores its closed options (its
+Rules §6.3): `clients` client processes (the release's MPI ranks), each with its own users and its
 own store in a folder of its own on the target, started together; `trials` such runs, one
 after the other. Each client's figures are its own run's; the release aggregates them: read
 and write bandwidth and storage throughput summed over clients within a trial and averaged
@@ -80,8 +80,8 @@ def run(target: Target, table: dict, *, seed: int, progress=None) -> dict:
 
 
 def aggregate(trials: list[dict]) -> dict:
-    """The release's aggregation (Rules.md §6.3.4): sums over clients within a trial, their
-    mean over trials; the worst client's p95 over all clients and trials."""
+    """The release's aggregation (MLPerf Storage v3.0 Rules §6.3.4): sums over clients within
+    a trial, their mean over trials; the worst client's p95 over all clients and trials."""
     every = [c for t in trials for c in t["clients"]]
     return {
         "read_bw": fmean(sum(c["read"] / c["wall_s"] for c in t["clients"]) for t in trials),

@@ -61,7 +61,7 @@ MODELS = {m.name: m for m in (
 QOS = {"interactive": (0.050, 0.100), "responsive": (0.100, 0.200), "batch": (1.0, 5.0)}
 MODES = ("fixed", "qos", "capacity")
 
-# MLPerf Storage v3.0's closed KV-cache options (Rules.md §6.3.1, Table KVCache-1): each
+# MLPerf Storage v3.0's closed KV-cache options (its Rules §6.3.1, Table KVCache-1): each
 # client's fixed workload; generation-mode none (no simulated token time) as qual always runs.
 # The release's option 3 names llama3.1-70b-instruct, whose KV entry is llama3.1-70b's.
 OPTIONS = {
@@ -72,7 +72,7 @@ OPTIONS = {
     3: {"name": "Large Model (70B)", "model": "llama3.1-70b", "users": 70, "cpu_mem": 0,
         "gpu_mem": 0, "allocations": 4},
 }
-CLOSED = {"duration": 300.0, "trials": 3, "seed": 42}  # Rules.md §6.3.2.1: the sequence locks
+CLOSED = {"duration": 300.0, "trials": 3, "seed": 42}  # its Rules §6.3.2.1: the sequence locks
 LOCKED = ("model", "users", "cpu_mem", "gpu_mem", "allocations", "trials", "mode")
 _PCT, _OP, _CLASS, _TIER = (Param("pct", "percentile"), Param("op", "name"), Param("class", "name"),
                             Param("tier", "name"))
@@ -100,15 +100,15 @@ METRICS = {m.name: m for m in (
            "capacity mode: the users at the peak storage throughput"),
     Metric("kv_aggregate_read_bw", "bandwidth", "higher", (),
            "MLPerf's aggregate storage read bandwidth: each client's drive-tier bytes read over "
-           "the run's duration, summed over clients, the mean over trials (Rules.md §6.3.4.1)"),
+           "the run's duration, summed over clients, the mean over trials (Rules §6.3.4.1)"),
     Metric("kv_aggregate_write_bw", "bandwidth", "higher", (),
            "the same of the drive-tier bytes written"),
     Metric("kv_aggregate_storage_tokens_per_s", "tokens", "higher", (),
            "MLPerf's aggregate storage throughput: each client's tokens per second of storage "
-           "time, summed over clients, the mean over trials (Rules.md §6.3.4.2)"),
+           "time, summed over clients, the mean over trials (Rules §6.3.4.2)"),
     Metric("kv_worst_client_read_p95", "time", "lower", (),
            "MLPerf's aggregate device read p95: the worst client's p95 of one entry's read, "
-           "over all clients and trials, not a pooled percentile (Rules.md §6.3.4.3)"),
+           "over all clients and trials, not a pooled percentile (Rules §6.3.4.3)"),
     Metric("kv_worst_client_write_p95", "time", "lower", (),
            "the same of one entry's write, its fdatasync included"),
 )}
@@ -163,7 +163,7 @@ FIELDS = (
           help="entries a round's prefill writes at once, at most (the reference's "
                "max-concurrent-allocs; 0: every entry of the round)"),
     Field("mlperf_option", "count", default=0, minimum=0, maximum=len(OPTIONS),
-          help="run MLPerf Storage v3.0's closed option 1, 2 or 3 (Rules.md §6.3.1): its "
+          help="run MLPerf Storage v3.0's closed option 1, 2 or 3 (its Rules §6.3.1): its "
                "model, users per client, memory tiers and concurrent allocations, 300 s, 3 "
                "trials, seed 42, scored as the release scores it; 0: none"),
     Field("clients", "count", default=1, maximum=256,
@@ -185,8 +185,8 @@ def check_table(table: dict) -> list[tuple[str, str]]:
         for key in LOCKED:
             if table[key] != locked[key]:
                 problems.append((key, f"option {table['mlperf_option']} fixes {key} at "
-                                 f"{locked[key]!r} (Rules.md §6.3.1-6.3.2); the run would not "
-                                 "be the option"))
+                                 f"{locked[key]!r} (MLPerf Storage v3.0 Rules §6.3.1-6.3.2): "
+                                 "the run would not be the option"))
     elif table["clients"] > 1 and table["mode"] != "fixed":
         problems.append(("clients", "several clients run a fixed user count, not a search"))
     lo_hi = table["context_tokens"]

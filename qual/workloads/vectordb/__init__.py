@@ -1,4 +1,4 @@
-"""Vector database (MLPerf Storage v3.0's vector-database workload, Rules.md §5) on DiskANN
+"""Vector database (MLPerf Storage v3.0's vector-database workload, its Rules §5) on DiskANN
 itself, the engine under Milvus's DISKANN index: seeded clustered vectors, DiskANN's disk index
 built on the drive (a Vamana graph, each node's vector and neighbours in 4 KiB sectors), then
 searched by beams of dependent O_DIRECT sector reads, many queries in flight: QPS, latency

@@ -18,8 +18,8 @@ def recall_qps_chart(result: dict) -> bytes:
                     xytext=(4, 4), fontsize=7)
     ax.set_xlabel(f"recall@{result['k']} (%)")
     ax.set_ylabel("queries per second")
-    ax.set_title(f"{result['vectors']:,} x {result['dimensions']}, {result['searchers']} in flight, "
-                 f"beam {result['beam_width']}", fontsize=9)
+    ax.set_title(f"{result['vectors']:,} x {result['dimensions']}, {result['searchers']} in "
+                 f"flight, beam {result['beam_width']}", fontsize=9)
     lists = [x["search_list"] for x in s]
     for p in ("mean", "95", "99", "99.9"):
         bx.plot(lists, [x["latency_s"][p] * 1e3 for x in s], marker=".",

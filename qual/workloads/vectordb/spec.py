@@ -1,4 +1,4 @@
-"""The vector-database family's spec (MLPerf Storage v3.0's vector database, Rules.md §5; docs/
+"""The vector-database family's spec (MLPerf Storage v3.0's vector database, its Rules §5; docs/
 ARCHITECTURE.md §9): the fields of its profile table, its metrics, and the arithmetic of
 DiskANN's disk index (how many bytes a node takes on the drive, how many bytes of PQ code each
 vector keeps in memory) from which a plan says a build's room, memory and time before any I/O."""
