@@ -214,22 +214,21 @@ def run_record(family: Family, target: Target, profile, measured: list, verdict,
         run_id=uuid.uuid4().hex, rig=rig_label()).as_dict()
 
 
-def verdict_line(verdict, outcome, family: Family, profile) -> str:
-    """`verdict: …` as a run's is said: FAIL, INCOMPLETE, INCONCLUSIVE or PASS against the
-    profile's criteria; "measured" where nothing was judged (FAIL where the run itself found a
-    fault)."""
-    if verdict is None or not (verdict.checks or verdict.unverified):
+def verdict_line(record: dict | None, outcome, family: Family, profile) -> str:
+    """`verdict: …`: the run record's own verdict (qual.record.summarize: FAIL, INCOMPLETE,
+    INCONCLUSIVE, PASS) against the profile's criteria; "measured" where nothing was judged
+    (FAIL where the run itself found a fault)."""
+    s = record["summary"] if record else {}
+    checks = s.get("checks_passed", 0) + s.get("checks_failed", 0)
+    if not (checks or s.get("not_judged")):
         if outcome.exit_status() != Exit.PASS:
             return "verdict: FAIL (the run found a fault; see above)"
         why = f"profile {profile.name} has no {family.name} criteria" if profile else \
             "no --profile"
         return f"verdict: measured ({why}: nothing judged)"
-    failed = len(verdict.failing)
-    word = "FAIL" if failed else "INCOMPLETE" if verdict.unverified else \
-        "INCONCLUSIVE" if any(v.inconclusive for v in verdict.verdicts) else "PASS"
-    return (f"verdict: {word} against profile {profile.name}: {verdict.checks - failed} of "
-            f"{verdict.checks} checks passed"
-            + (f", {len(verdict.unverified)} not judged" if verdict.unverified else ""))
+    missing = len(s["not_judged"])
+    return (f"verdict: {s['verdict']} against profile {profile.name}: {s['checks_passed']} of "
+            f"{checks} checks passed" + (f", {missing} not judged" if missing else ""))
 
 
 def run(args, families: dict[str, Family]) -> int:
@@ -263,6 +262,8 @@ def run(args, families: dict[str, Family]) -> int:
         return Exit.PASS  # a rank other than 0 under torchrun
     measured = outcome.measurements()  # the honesty checks run here, with or without a profile
     verdict = judge(measured, profile) if profile else None
+    record = run_record(family, target, profile, measured, verdict, started,
+                        getattr(args, "seed", None)) if verdict else None
     if args.json:
         doc = outcome.document()
         if verdict:
@@ -274,12 +275,9 @@ def run(args, families: dict[str, Family]) -> int:
         print("\n".join(outcome.lines()))
         if verdict and verdict.lines():
             print("\n".join(verdict.lines()))
-        print(verdict_line(verdict, outcome, family, profile))
+        print(verdict_line(record, outcome, family, profile))
     if verdict:
-        print(f"qual {name}: " + store.store_record(
-            run_record(family, target, profile, measured, verdict, started,
-                       getattr(args, "seed", None)),
-            args.store), file=sys.stderr)
+        print(f"qual {name}: " + store.store_record(record, args.store), file=sys.stderr)
         verdict.raise_unresolved(target.spec)
         if verdict.failing:
             print(f"qual {name}: {len(verdict.failing)} of {verdict.checks} checks failed "
