@@ -106,6 +106,21 @@ def test_a_profile_judges_the_cli_run(tmp_path):
     assert "stamp_rate = " in proc.stdout and "< min" in proc.stdout
 
 
+def test_a_declared_test_that_skips_does_not_start_the_shared_run(tmp_path):
+    """A table that switches the family's tests off: both skip, saying why, and the family's
+    run, which they would have shared, never starts (no stamp written, no progress said)."""
+    profile = tmp_path / "off.toml"
+    profile.write_text(PROFILE.replace("count = 24\n", "count = 24\nenabled = false\n"))
+    results = tmp_path / "res"
+    proc = qual("run", "--target", str(tmp_path / "drive.dat"), "--profile", str(profile),
+                "--results", str(results), "-k", "latency or rate", cwd=tmp_path)
+    record = json.loads((results / "qual-run.json").read_text())
+    mine = [t for t in record["tests"] if t["nodeid"].startswith("stamp/suite.py::")]
+    assert [t["outcome"] for t in mine] == ["skipped", "skipped"], proc.stdout[-3000:]
+    assert all("switched off" in t["message"] for t in mine)
+    assert "stamp 0/24" not in proc.stdout + proc.stderr  # the run never began
+
+
 def test_qual_run_records_and_reports_it(tmp_path):
     profile = tmp_path / "stamp.toml"
     profile.write_text(PROFILE)

@@ -255,6 +255,17 @@ def test_no_rank_outlives_a_killed_checkpoint_restore(tmp_path):
     assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
 
 
+def test_no_kvcache_client_outlives_a_killed_qual(tmp_path):
+    """Two KV-cache clients (the release's ranks) in the middle of a 30 s trial: 2 s after
+    kill -9 of qual, neither is left."""
+    (tmp_path / "drive").mkdir()
+    left, said = _killed_midway(["kvcache", "--target", str(tmp_path / "drive"), "--clients",
+                                 "2", "--duration", "30s", "--context-tokens", "16,32",
+                                 "--block-size", "256K"], tmp_path,
+                                _running("qual.workloads.kvcache.clients"))
+    assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
+
+
 @needs_root
 @pytest.mark.parametrize("phase", PHASES)
 def test_a_killed_qual_on_a_raw_namespace_leaves_no_process_no_hold_and_a_device_to_clean(

@@ -39,7 +39,8 @@ def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, r
     searches = {s["search_list"]: s for s in doc["searches"]}
     assert searches[100]["recall"] >= 0.9
     for s in searches.values():
-        assert s["truth"]["device_truth"] == "counted"
+        assert s["truth"]["device_truth"] == "counted"  # the honesty check ran and said so
+        assert s["truth"]["device_bytes"] == s["device_read_bytes"]
         assert abs(s["device_read_bytes"] - s["read_bytes"]) <= 0.02 * s["read_bytes"], s
     assert searches[10]["read_per_query"] < searches[50]["read_per_query"] < \
         searches[100]["read_per_query"]

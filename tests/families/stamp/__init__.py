@@ -33,6 +33,8 @@ METRICS = {m.name: m for m in (
 FIELDS = (
     Field("count", "count", default=64, maximum=1_000_000, help="durable writes"),
     Field("block_size", "size", default="4K", minimum=512, help="bytes per write"),
+    Field("enabled", "bool", default=True,
+          help="whether its suite's tests run here (no: they skip, saying so)"),
 )
 
 
@@ -44,10 +46,15 @@ def _cells(table: dict) -> list[str]:
 # the suite records these apart: how long one durable write takes, and how many a second
 SECTIONS = {"latency": ("stamp_lat",), "rate": ("stamp_rate",)}
 
+def _switched_off(table: dict) -> str | None:
+    return None if table["enabled"] else "stamps are switched off in this profile"
+
+
 TESTS = (
     SuiteTest("latency", "durable write latency", "write + fdatasync latency percentiles.",
-              section="latency", charts=("durable write latency",)),
-    SuiteTest("rate", "durable write rate", "Durable writes per second.", section="rate"),
+              section="latency", charts=("durable write latency",), skip=_switched_off),
+    SuiteTest("rate", "durable write rate", "Durable writes per second.", section="rate",
+              skip=_switched_off),
 )
 
 
