@@ -492,7 +492,9 @@ def test_a_stall_an_earlier_run_noted_decides_nothing_now(tmp_path):
 def _take_away(dev: str, when) -> threading.Thread:
     """Once `when()` holds, the loop device goes as a lost namespace does: its capacity drops
     to 0 (the backing file emptied, `losetup -c`) and it is detached (`losetup -d`, done
-    when its last holder lets go)."""
+    when its last holder lets go). Between the emptying and the capacity half a second
+    passes, as the kernel fails a lost namespace's I/O before it reports the capacity gone:
+    what qual records must not depend on which it met first."""
     backing = Path(f"/sys/block/{Path(dev).name}/loop/backing_file").read_text().strip()
 
     def away():
@@ -500,6 +502,7 @@ def _take_away(dev: str, when) -> threading.Thread:
         while not when() and time.monotonic() < deadline:
             time.sleep(0.1)
         os.truncate(backing, 0)
+        time.sleep(0.5)
         sh("losetup", "--set-capacity", dev)
         sh("losetup", "--detach", dev)
     thread = threading.Thread(target=away, daemon=True)

@@ -409,7 +409,9 @@ def pytest_runtest_makereport(item, call):
             exc = call.excinfo
             judged = rep.when == "call" and exc is not None and \
                 (exc.errisinstance(AssertionError) or exc.errisinstance(pytest.fail.Exception))
-            gone = session.departed_with(item)
+            # a drive error or a broken test may be a drive going away: asked again a moment
+            settle = not judged or DEVICE_ERROR_KEY in item.stash
+            gone = session.departed_with(item, settle=settle)
             if gone and item.nodeid.startswith(gone["test"]):  # the test that met it: ERROR
                 rep.longrepr = f"device gone: {gone['what']} (the test met: " \
                                f"{short_message(rep)})"

@@ -41,6 +41,7 @@ DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 PLUGIN_FLAGS = ("--qual-allow-destructive", "--qual-confirm-serial")  # the guard's refusals
 LAST_RECORD = ".last-" + RECORD_NAME  # the previous run's record, kept by `qual run` for the plan
 STALL_NOTE = ".stalled.json"  # beside a drive's record: a worker found it stopped (xdist)
+GONE_SETTLE_S = 2.0  # how long a drive that broke a test is asked again whether it is gone
 
 
 def _is_block(spec: str) -> bool:
@@ -451,14 +452,20 @@ class QualSession:
         if gone:
             pytest.skip(f"not run: {self.spec_of(item)} is gone ({gone['what']})")
 
-    def departed_with(self, item) -> dict | None:
+    def departed_with(self, item, *, settle: bool = False) -> dict | None:
         """After a test on a drive failed: whether the drive went away (Target.gone), noted
         once with the test that met it. Its later tests are skipped without touching it, its
-        record says `device_gone`, and the other drives of a rig run on."""
+        record says `device_gone`, and the other drives of a rig run on. `settle` (the test
+        broke, or the drive returned an error, rather than missed a criterion): the kernel fails a lost drive's I/O before it
+        reports the capacity gone, so the drive is asked again for up to GONE_SETTLE_S."""
         spec = self.spec_of(item)
         target = self._targets.get(spec)
         if spec not in self.departed and target is not None:
             why = target.gone()
+            deadline = time.monotonic() + (GONE_SETTLE_S if settle else 0.0)
+            while not why and time.monotonic() < deadline:
+                time.sleep(0.05)
+                why = target.gone()
             if why:
                 self.departed[spec] = {"test": item.nodeid.split(f"@{DRIVE_GROUP}")[0],
                                        "what": why}
