@@ -370,6 +370,9 @@ struct qual_kv_entry {
     uint64_t offset;
     uint64_t len;
     void *buf;
+    uint64_t buf_len;         /* bytes at buf (0: len); shorter than len, the buffer repeats:
+                                 a piece at entry offset x moves buf + x % buf_len, so buf_len
+                                 is a multiple of block_size (an entry of GiB, a buffer of MiB) */
 };
 struct qual_kv_result {
     uint64_t bytes;

@@ -2,8 +2,8 @@
  * from given offsets of one store (a file qual made, or a block device that passed the guard),
  * as an inference server's NVMe tier does when it offloads attention keys and values and reads
  * them back for decode. Each entry goes through the one queue in block_size pieces,
- * queue_depth in flight; its latency runs from its first piece handed over to its last piece
- * back. A batch of writes ends with one fdatasync, timed apart, so that a request's entries
+ * queue_depth in flight (from a buffer that may be shorter than the entry and repeat); its
+ * latency runs from its first piece handed over to its last piece back. A batch of writes ends with one fdatasync, timed apart, so that a request's entries
  * are durable before it counts as written. */
 #include <errno.h>
 #include <fcntl.h>
@@ -99,7 +99,7 @@ static int piece_next(void *ctx, struct ioq_io *io)
     io->op = b->op;
     io->off = e->offset + b->cur_off;
     io->len = left < b->kv->o.block_size ? (uint32_t)left : b->kv->o.block_size;
-    io->buf = (unsigned char *)e->buf + b->cur_off;
+    io->buf = (unsigned char *)e->buf + (e->buf_len ? b->cur_off % e->buf_len : b->cur_off);
     io->tag = b->cur;
     b->cur_off += io->len;
     if (b->cur_off >= e->len) {
@@ -149,6 +149,10 @@ int qual_kv_run(struct qual_kv *kv, int op, const struct qual_kv_entry *entries,
             return qual_set_error(-EINVAL, "entry %u (%llu bytes at offset %llu) is not aligned "
                                   "to %u bytes", i, (unsigned long long)e->len,
                                   (unsigned long long)e->offset, kv->o.align);
+        if (e->buf_len && e->buf_len < e->len && e->buf_len % kv->o.block_size)
+            return qual_set_error(-EINVAL, "entry %u repeats a buffer of %llu bytes, not a "
+                                  "multiple of the block size %u", i,
+                                  (unsigned long long)e->buf_len, kv->o.block_size);
         lat_ns[i] = 0;
     }
     struct batch b = {.kv = kv, .op = op, .e = entries, .n = n};

@@ -36,8 +36,10 @@ class KvBatch:
 
 class KvStore:
     """One store opened for reading and writing (O_DIRECT unless direct=False), its queue kept
-    between batches. Entries are (offset, buffer) pairs; offsets, lengths and buffers must be
-    aligned to `align` (engine.aligned_empty gives such buffers)."""
+    between batches. Entries are (offset, buffer) pairs, or (offset, buffer, bytes) where the
+    entry is longer than its buffer and the buffer repeats (a whole number of block_size);
+    offsets, lengths and buffers must be aligned to `align` (engine.aligned_empty gives such
+    buffers)."""
 
     def __init__(self, path: str, *, block_size: int = 1 << 20, queue_depth: int = 8,
                  align: int = 4096, direct: bool = True, backend: str = "auto",
@@ -74,10 +76,11 @@ class KvStore:
         n = len(entries)
         cent = ffi.new("struct qual_kv_entry[]", max(1, n))
         views = []
-        for c, (offset, buf) in zip(cent, entries):
+        for c, (offset, buf, *length) in zip(cent, entries):
             view = ffi.from_buffer(buf, require_writable=op == "read")
             views.append(view)
-            c.offset, c.len, c.buf = offset, len(view), ffi.cast("void *", view)
+            c.offset, c.buf, c.buf_len = offset, ffi.cast("void *", view), len(view)
+            c.len = length[0] if length else len(view)
         lat = np.zeros(max(1, n), dtype=np.uint64)
         res = ffi.new("struct qual_kv_result *")
         check(lib.qual_kv_run(self._kv, OP_CODE[op], cent, n,
