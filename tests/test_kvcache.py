@@ -22,6 +22,7 @@ from qual.targets.guard import UnsafeTarget
 from qual.targets import Target
 from qual.thresholds import ProfileError, family_table
 from qual.workloads import kvcache
+from qual.workloads.kvcache import draw, spec
 from qual.workloads.kvcache.spec import MODELS, conversation_bytes, prefix_bytes
 from qual.workloads.kvcache import workload
 from qual.workloads.kvcache.tally import KEPT, Tally
@@ -307,23 +308,29 @@ class FileStore:
     def __init__(self, path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self.batches: list[int] = []
+        self.log: list[tuple[str, int, int]] = []  # (op, offset, bytes) of every entry moved
 
     def _moved(self, entries, op) -> SimpleNamespace:
-        started, lat = time.perf_counter(), []
-        for offset, buf in entries:
+        started, lat, moved = time.perf_counter(), [], 0
+        for offset, buf, *length in entries:
+            nbytes = length[0] if length else len(buf)
             t = time.perf_counter()
-            if op == "write":
-                os.pwrite(self.fd, buf, offset)
-            else:
-                os.preadv(self.fd, [buf], offset)
+            for at in range(0, nbytes, len(buf)):  # a longer entry repeats its buffer
+                piece = buf[:min(len(buf), nbytes - at)]
+                if op == "write":
+                    os.pwrite(self.fd, piece, offset + at)
+                else:
+                    os.preadv(self.fd, [piece], offset + at)
             lat.append(time.perf_counter() - t)
+            self.log.append((op, offset, nbytes))
+            moved += nbytes
         sync = 0.0
         if op == "write":
             t = time.perf_counter()
             os.fdatasync(self.fd)
             sync = time.perf_counter() - t
             self.batches.append(len(entries))
-        return SimpleNamespace(bytes=sum(len(b) for _, b in entries), latencies=lat,
+        return SimpleNamespace(bytes=moved, latencies=lat,
                                elapsed=time.perf_counter() - started, sync_s=sync)
 
     def write(self, entries):
@@ -350,16 +357,18 @@ def test_concurrent_allocations_bound_the_entries_a_round_writes_at_once(tmp_pat
 @needs_root
 def test_an_mlperf_option_with_two_clients_is_scored_as_the_release_scores_it(
         tmp_path, ram_device, loop_device):
-    """`qual kvcache --mlperf-option 1 --clients 2` (2 s a trial): three trials of two
-    clients of 200 users each, seed 42; read and write bandwidth and storage throughput
-    summed over clients and averaged over trials, the device p95s the worst client's; the
-    drive counted every byte; the departures listed, the shortened duration first."""
+    """`qual kvcache --mlperf-option 1 --clients 2` (2 s a trial, small templates): three
+    trials of two clients of 200 users each, seed 42, the reference's draw; read and write
+    bandwidth and storage throughput summed over clients and averaged over trials, the
+    device p95s the worst client's; the drive counted every byte; the departures listed,
+    the shortened duration first, the changed templates next."""
     folder = loop_device.mount(ram_device(4 << 30), options="noatime")
+    small = [a for name in spec.TEMPLATES for a in (
+        f"--templates-{name}-context", "16,32", f"--templates-{name}-generation", "8,32")]
     proc = subprocess.run([sys.executable, "-m", "qual.cli", "kvcache", "--target",
                            str(folder), "--mlperf-option", "1", "--clients", "2",
-                           "--duration", "2s", "--context-tokens", "16,32", "--turn-tokens",
-                           "8", "--generation-tokens", "8", "--requests", "2", "--block-size",
-                           "256K", "--json", "-q"], capture_output=True, text=True, timeout=300)
+                           "--duration", "2s", *small, "--block-size", "256K", "--json", "-q"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert (doc["option"], doc["users"], doc["clients"], doc["seed"]) == (1, 200, 2, 42)
@@ -375,6 +384,9 @@ def test_an_mlperf_option_with_two_clients_is_scored_as_the_release_scores_it(
     for t in doc["trials"]:
         assert t["read_truth"]["device_truth"] == t["write_truth"]["device_truth"] == "counted"
     assert doc["departures"][0].startswith("duration 2 s, not the option's 5 min")
+    assert doc["departures"][1] == "templates changed from the reference's: " + ", ".join(
+        f"{name}_{what}" for name in spec.TEMPLATES for what in ("context", "generation"))
+    assert doc["draw"] == "reference" and any("ring" in d for d in doc["departures"])
     assert not (folder / "qual-kvcache").exists()
 
 
@@ -404,14 +416,26 @@ def test_a_shared_prefix_is_written_once_and_read_by_every_decode(tmp_path):
 def test_memory_tiers_cascade_least_recently_used_entries_down_to_the_drive():
     """GPU memory first, then host memory, each evicting its least recently used entry to
     the next; what host memory evicts goes to the drive. A hit refreshes an entry."""
-    t = Tiers([("gpu", 2), ("cpu", 2)], region=8, first=1, later=1)
+    t = Tiers([("gpu", 2), ("cpu", 2)], region=8, first=1, later=1, ring=16)
     assert t.place("a", 1) == t.place("b", 1) == []        # gpu: a b
     assert t.place("c", 1) == [] and t.where("a") == "cpu"  # a down to cpu
     assert t.where("b") == "gpu"                            # b refreshed: c is the oldest
     assert t.place("d", 1) == [] and t.where("c") == "cpu"  # c down; cpu: a c
     assert t.place("e", 1) == [("a", 1)]                    # b down, a off the end
     assert t.place("big", 3) == [("big", 3)]                # fits no tier: the drive
+    assert t.offset_for("a", 1) == 0 and t.offset_for("big", 3) == 1  # the server writes them
     assert t.where("a") == t.where("big") == "drive"
+
+
+def test_the_ring_overwrites_its_oldest_entries_and_forgets_them():
+    """The reference draw's drive tier: entries one after another, from the start again where
+    the next would pass the end; what it overlaps is no longer on the drive."""
+    t = Tiers([], region=0, first=0, later=0, ring=10)
+    assert [t.offset_for(k, 3) for k in "abc"] == [0, 3, 6]
+    assert t.offset_for("d", 4) == 0                        # 6 + 4 > 10: back to the start
+    assert t.where("a") is None and t.where("b") is None    # 0..4 took a and b
+    assert t.where("c") == t.where("d") == "drive"
+    assert t.offset_for("e", 6) == 4 and t.where("c") is None
 
 
 @pytest.mark.parametrize("given, key", [
@@ -446,3 +470,109 @@ def test_a_long_run_keeps_its_latencies_in_bounded_memory():
         assert p95 == pytest.approx(np.percentile(e2e[c], 95), rel=0.01)
         assert p99 == pytest.approx(np.percentile(e2e[c], 99), rel=0.01)
     assert tally.storage["write"].count == 6 * KEPT and tally.storage["read"].count == 0
+
+
+SMALL_TEMPLATES = {"templates": {"chatbot_context": [64, 256], "coding_context": [128, 512],
+                                 "document_context": [128, 384]}}
+
+
+def test_the_reference_draw_draws_what_the_reference_draws():
+    """MLPerf's kv_cache_benchmark's users and requests: templates picked alike, QoS classes
+    15 / 35 / 50 %, each user's lengths inside its template; a request's context from a
+    quarter of its user's up to all of it, less a system prompt's tokens one time in five;
+    conversations 5 turns long on average (going on with p 0.8), 50 at most; decode reading
+    its entry 1 + ceil(generated / 32) times, and not at all from 10,000 tokens on; the same
+    seed, the same draw."""
+    t = table(draw="reference", duration="1 s", store_size=0)
+    users = [draw.profile(t, 42, u) for u in range(3000)]
+    assert users[:50] == [draw.profile(t, 42, u) for u in range(50)]
+    assert users[:50] != [draw.profile(t, 43, u) for u in range(50)]
+    for name, share in [(n, 1 / 3) for n in spec.TEMPLATES] + list(spec.QOS_SHARES.items()):
+        got = sum(name in (p.template, p.qos) for p in users) / len(users)
+        assert abs(got - share) < 0.03, (name, got)
+    for p in users:
+        (c_lo, c_hi), (g_lo, g_hi), (t_lo, t_hi) = spec.TEMPLATES[p.template]
+        assert c_lo <= p.context <= c_hi and g_lo <= p.generation <= g_hi
+        assert t_lo <= p.think <= t_hi
+    turns, lengths = [], []
+    for u, p in enumerate(users[:600]):
+        for c in range(4):
+            conv = draw.conversation(p, 42, u, c)
+            lengths.append(len(conv))
+            for turn in conv:
+                whole = turn.tokens + turn.system_prompt
+                assert max(1, p.context // 4) <= whole <= p.context
+                assert max(1, p.generation // 4) <= turn.generated <= p.generation
+                assert 0.8 * p.think <= turn.pause <= 1.2 * p.think
+                assert turn.decode_reads == (0 if whole >= 10_000 else
+                                             1 + -(-turn.generated // 32))
+                turns.append(turn)
+    assert 4.6 < np.mean(lengths) < 5.4 and max(lengths) <= 50
+    assert any(t.decode_reads == 0 for t in turns) and any(t.decode_reads for t in turns)
+    prompted = [t.system_prompt for t in turns if t.system_prompt]
+    assert abs(len(prompted) / len(turns) - 0.2) < 0.03 and set(prompted) == {5, 9, 6}
+
+
+def test_the_reference_draw_is_served_as_the_reference_serves_it(tmp_path):
+    """Each request writes one whole new entry of its own tokens; decode reads each earlier
+    turn of its conversation once and its own entry decode_reads times; the drive tier is a
+    ring smaller than the run, so older entries are overwritten: a read never names bytes a
+    later entry took (they count as misses instead), and every write lies inside the ring;
+    tokens are each request's own generated tokens."""
+    ring = 24 << 20
+    t = table(draw="reference", duration="1.5 s", users=6, store_size=ring, **SMALL_TEMPLATES,
+              model="gpt-oss-20b")
+    store = FileStore(tmp_path / "store.bin")
+    r = serve(t, store, seed=42)
+    os.close(store.fd)
+    served = r["requests"]
+    assert r["served"] == len(served) > 6
+    bpt = MODELS["gpt-oss-20b"].bytes_per_token
+    assert r["written"] == sum(spec.entry_bytes(q["new_tokens"], bpt) for q in served)
+    assert r["hits"]["drive"] + r["misses"] == sum(q["turn"] + q["decode_reads"]
+                                                   for q in served)
+    assert r["misses"] > 0 and any(q["turn"] > 0 for q in served)
+    assert r["tokens"] == sum(q["generated"] for q in served)
+    live: dict[int, int] = {}  # offset -> bytes of the entries the ring holds
+    for op, offset, nbytes in store.log:
+        if op == "write":
+            assert offset + nbytes <= ring
+            live = {o: n for o, n in live.items() if o + n <= offset or o >= offset + nbytes}
+            live[offset] = nbytes
+        else:
+            assert live.get(offset) == nbytes, (offset, nbytes)
+    assert sum(op == "read" for op, _, _ in store.log) == r["hits"]["drive"]
+
+
+@needs_root
+def test_the_reference_draw_on_a_drive_moves_what_the_device_counts(tmp_path, ram_device,
+                                                                    loop_device):
+    """`qual kvcache --draw reference` with no store_size takes 95 % of the room the target
+    offers, as the reference does; an entry larger than the engine's 64 MiB buffer moves by
+    repeating it; the device's counters equal what the run says it wrote and read."""
+    folder = loop_device.mount(ram_device(1 << 30), options="noatime")
+    t = table(draw="reference", duration="2 s", users=4, store_size=0,
+              templates={"chatbot_context": [600, 700], "coding_context": [600, 700],
+                         "document_context": [600, 700]})
+    assert spec.entry_bytes(700, MODELS["llama3.1-8b"].bytes_per_token) > workload.POOL
+    target = Target(folder)
+    offered = target.capacity
+    r = kvcache.run(target, t, seed=42).result
+    assert r["written"] > 0 and r["read"] > 0
+    assert r["device"]["write_bytes"] == pytest.approx(r["written"], rel=0.02)
+    assert r["device"]["read_bytes"] == pytest.approx(r["read"], rel=0.02)
+    assert r["store_bytes"] == int(0.95 * offered) // 4096 * 4096
+    kvcache.FAMILY.remove(target)
+
+
+def test_a_reference_store_that_cannot_hold_its_largest_entry_is_refused_before_any_io(
+        tmp_path):
+    with pytest.raises(ProfileError, match=r"cannot hold the draw's largest entry \(3,276,800,"
+                       r"000 B\)"):
+        table(draw="reference", duration="1 s", store_size="1 GiB")
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "kvcache", "--target",
+                           str(tmp_path), "--draw", "reference"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "--duration: draw reference serves for a duration" in \
+        proc.stderr, proc.stderr
+    assert not list(tmp_path.iterdir())

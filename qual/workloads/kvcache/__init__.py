@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 
+from qual import units
 from qual.family import Family, Flags, Rates, SuiteTest, Work, declares
 from qual.targets import Target
 from qual.workloads.kvcache.results import ClosedOutcome, KvCacheOutcome
 from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
                                          drive_bytes, option_table, prefix_bytes,
-                                         turn_entries)
+                                         templates, turn_entries)
 from qual.workloads.kvcache import clients, workload
 
 TESTS = (
@@ -43,12 +44,23 @@ def explain(table: dict) -> tuple[dict, list[str]]:
     run writes, nothing touched."""
     m = MODELS[table["model"]]
     lo, hi = table["context_tokens"]
-    lines = [m.derivation(),
-             f"first turn: {lo:,}..{hi:,} tokens = {lo * m.bytes_per_token / 2**20:,.1f}.."
-             f"{hi * m.bytes_per_token / 2**20:,.1f} MiB of KV; each later turn "
-             f"{table['turn_tokens'] + table['generation_tokens']:,} tokens",
-             f"{table['users']} users x {table['requests']} requests; host-memory tier "
-             f"{table['cpu_mem']:,} B, GPU tier {table['gpu_mem']:,} B"]
+    mib = m.bytes_per_token / 2**20
+    if table["draw"] == "reference":
+        lines = [m.derivation()] + [
+            f"{name} users: context {c[0]:,}..{c[1]:,} tokens = {c[0] * mib:,.1f}.."
+            f"{c[1] * mib:,.1f} MiB of KV, {g[0]:,}..{g[1]:,} generated, think "
+            f"{units.format_duration(t[0])}..{units.format_duration(t[1])}"
+            for name, (c, g, t) in templates(table).items()]
+        lines.append(f"{table['users']} users, each request a new entry of a quarter of its "
+                     "user's context up to all of it, turns going on with p 0.8; the drive "
+                     "tier a ring of " + (f"{table['store_size']:,} B" if table["store_size"]
+                                          else "95 % of the room the target offers"))
+    else:
+        lines = [m.derivation(),
+                 f"first turn: {lo:,}..{hi:,} tokens = {lo * mib:,.1f}..{hi * mib:,.1f} MiB "
+                 f"of KV; each later turn {table['turn_tokens'] + table['generation_tokens']:,}"
+                 " tokens", f"{table['users']} users x {table['requests']} requests"]
+    lines.append(f"host-memory tier {table['cpu_mem']:,} B, GPU tier {table['gpu_mem']:,} B")
     if table["prefixes"]:
         lines.append(f"{table['prefixes']} shared prefixes of {table['prefix_tokens']:,} tokens = "
                      f"{prefix_bytes(table) / 2**20:,.1f} MiB each, written once, read by "
@@ -76,6 +88,15 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     if not declares(TESTS, test):
         return []
     users = table["users"] if table["mode"] == "fixed" else table["max_users"]
+    clients, trials = table["clients"], table["trials"]
+    if table["draw"] == "reference":  # its duration, moving at most what the drive can
+        seconds = table["duration"]
+        return [Work("kvcache run", seconds * trials,
+                     bytes_written=seconds * rates.write_bw * trials,
+                     bytes_read=seconds * rates.read_bw * trials,
+                     space=table["store_size"] * clients, repeated=True,
+                     what=f"the KV store ({users} users x {clients} client(s), "
+                          f"{table['model']}, the reference's draw)")]
     first, later = turn_entries(table)
     read = users * sum(first + t * later + prefix_bytes(table)
                        for t in range(table["requests"]))
@@ -84,7 +105,6 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     if table["mode"] != "fixed":
         seconds *= 2 * max(1, math.ceil(math.log2(table["max_users"] / table["users"]))) + 1
     # clients run at once, each its own store; trials one after the other
-    clients, trials = table["clients"], table["trials"]
     return [Work("kvcache run", seconds * trials, bytes_written=written * clients * trials,
                  bytes_read=read * clients * trials, space=written * clients, repeated=True,
                  what=f"the KV store ({users} users x {clients} client(s), {table['model']})")]

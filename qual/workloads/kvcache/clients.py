@@ -25,8 +25,8 @@ from qual.engine import InvalidJob
 from qual.errors import QualError
 from qual.targets import Target
 from qual.targets.scratch import own_folder
-from qual.workloads.kvcache.spec import CLOSED, OPTIONS
-from qual.workloads.kvcache.workload import FOLDER, MANIFEST
+from qual.workloads.kvcache.spec import CLOSED, OPTIONS, TEMPLATE_DEFAULTS
+from qual.workloads.kvcache.workload import FOLDER, MANIFEST, settled
 
 CLIENT = "qual.workloads.kvcache.clients"
 STARTUP_S = 120.0  # the most a client may take to start and lay out its store
@@ -34,13 +34,28 @@ DEPARTURES = (
     "entries move as O_DIRECT pieces of block_size through one store file per client, not as "
     "one .npy file per entry (np.save + fsync; fadvise DONTNEED + np.load): so the drive's own "
     "counters account for every byte, and no host copy is in the device latency",
+    "bandwidth is each client's bytes over its own run's wall time; the reference divides by "
+    "the configured duration",
+    "clients are processes on this host (the release's MPI ranks may span hosts)",
+)
+# where qual's serving of the reference's draw differs from the reference's own
+REFERENCE_DEPARTURES = (
+    "a user waits for its answer before its think time (closed loop); the reference's users "
+    "send on their timer whatever the server's backlog, so its queue can grow without bound",
+    "the server serves the highest QoS class's arrived requests together (continuous "
+    "batching, queue_depth I/Os in flight), not each on one of min(users, 500) threads; a run "
+    "ends at the first batch done past its duration",
+    "the drive tier is a ring that overwrites its oldest entries, where the reference evicts "
+    "the least recently used",
+    "the draw's random streams are numpy's, seeded per user and conversation: seed 42 draws "
+    "what the reference draws from, not its same users",
+)
+# qual's own draw, where a run asks for it
+QUAL_DRAW_DEPARTURES = (
     "the users' context lengths, turns and generated tokens are qual's draw (context_tokens, "
     "turn_tokens, generation_tokens, requests), not the reference's user templates",
     "decode reads each entry of the conversation once per request, not once plus once per 32 "
     "generated tokens",
-    "bandwidth is each client's bytes over its own run's wall time; the reference divides by "
-    "the configured duration",
-    "clients are processes on this host (the release's MPI ranks may span hosts)",
 )
 
 
@@ -50,6 +65,7 @@ def run(target: Target, table: dict, *, seed: int, progress=None) -> dict:
         raise InvalidJob(errno.ENOTSUP, "several clients, or an MLPerf option, keep one store "
                          "each in a folder of their own: give a directory on the drive",
                          target=target.spec)
+    table = settled(target, table)  # one store each, in what the target offers
     option = table["mlperf_option"]
     seed = CLOSED["seed"] if option else seed
     trials = []
@@ -68,7 +84,11 @@ def run(target: Target, table: dict, *, seed: int, progress=None) -> dict:
                                                "entries read back", target.spec) if read else {},
             "write_truth": honesty.check_device(seen, "write_bytes", written, "the clients' KV "
                                                 "entries written", target.spec) if written else {}})
-    departures = list(DEPARTURES)
+    departures = list(DEPARTURES) + list(REFERENCE_DEPARTURES if table["draw"] == "reference"
+                                         else QUAL_DRAW_DEPARTURES)
+    changed = [k for k, v in table["templates"].items() if v != TEMPLATE_DEFAULTS[k]]
+    if option and changed:
+        departures.insert(0, f"templates changed from the reference's: {', '.join(changed)}")
     if option and table["duration"] != CLOSED["duration"]:
         departures.insert(0, f"duration {units.format_duration(table['duration'])}, not the "
                           f"option's {units.format_duration(CLOSED['duration'])}")
@@ -76,6 +96,7 @@ def run(target: Target, table: dict, *, seed: int, progress=None) -> dict:
             "model": table["model"], "users": table["users"], "clients": table["clients"],
             "trials": trials, "seed": seed, "duration": table["duration"],
             "cpu_mem": table["cpu_mem"], "allocations": table["allocations"],
+            "draw": table["draw"], "store_size": table["store_size"],
             "departures": departures, **aggregate(trials)}
 
 
@@ -149,7 +170,7 @@ def client(job: dict) -> dict:
     return {"client": job["client"], "seed": job["seed"], "backend": r["backend"],
             "read": r["read"],
             "written": r["written"], "wall_s": r["wall_s"], "storage_s": r["storage_s"],
-            "tokens": r["tokens"], "served": r["served"],
+            "tokens": r["tokens"], "served": r["served"], "misses": r["misses"],
             "storage_tokens_per_s": r["storage_tokens_per_s"],
             "entry_read_p95": lat["entry_read"].percentile(95.0) / 1e9
             if lat["entry_read"].count else 0.0,

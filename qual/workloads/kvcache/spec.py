@@ -73,7 +73,34 @@ OPTIONS = {
         "gpu_mem": 0, "allocations": 4},
 }
 CLOSED = {"duration": 300.0, "trials": 3, "seed": 42}  # its Rules §6.3.2.1: the sequence locks
-LOCKED = ("model", "users", "cpu_mem", "gpu_mem", "allocations", "trials", "mode")
+LOCKED = ("model", "users", "cpu_mem", "gpu_mem", "allocations", "trials", "mode", "draw")
+
+# The reference's own draw of its users and their requests (kv_cache/workload.py's
+# UserSimulator, kv_cache/benchmark.py's generate_requests and process_requests at 23aa82e):
+# a user is one of three templates, picked alike, with a QoS class drawn 15 / 35 / 50 %; it
+# keeps a context length, a generation length and a think time drawn once from its template.
+TEMPLATES = {  # (context tokens, generated tokens, think time in seconds): lowest, highest
+    "chatbot": ((512, 4096), (50, 200), (0.1, 0.5)),
+    "coding": ((4096, 25000), (100, 500), (0.2, 1.0)),
+    "document": ((4096, 16384), (200, 800), (0.3, 1.5)),
+}
+QOS_SHARES = {"interactive": 0.15, "responsive": 0.35, "batch": 0.50}
+# Before each request a user pauses its think time x U(0.8, 1.2). A request's context is drawn
+# from a quarter of the user's up to all of it and written as a whole new entry; its generated
+# tokens the same way. A conversation goes on to another turn with probability CONTINUE, for
+# MAX_TURNS at most; a later turn first reads back every earlier turn's entry still stored.
+CONTINUE, MAX_TURNS = 0.8, 50
+PREFILL_ONLY = 10_000  # a context of this many tokens or more is prefilled only, not decoded
+DECODE_BATCH = 32      # decode reads the new entry once, then once per this many tokens
+# prefix caching (on by default): a fifth of requests open with one of three system prompts
+# (5, 9 and 6 words), whose tokens leave the request's own entry; the prompt's entry is never
+# written, so reading it moves nothing
+SYSTEM_PROMPT_SHARE, SYSTEM_PROMPT_TOKENS = 0.2, (5, 9, 6)
+DRAWS = ("qual", "reference")
+FREE_SHARE = 0.95  # the reference's drive tier: this share of the room free on its folder
+TEMPLATE_DEFAULTS = {k: v for name, (ctx, gen, think) in TEMPLATES.items() for k, v in (
+    (f"{name}_context", list(ctx)), (f"{name}_generation", list(gen)),
+    (f"{name}_think_min", think[0]), (f"{name}_think_max", think[1]))}
 _PCT, _OP, _CLASS, _TIER = (Param("pct", "percentile"), Param("op", "name"), Param("class", "name"),
                             Param("tier", "name"))
 PERCENTILES = (50.0, 95.0, 99.0)
@@ -145,6 +172,24 @@ FIELDS = (
     Field("prefix_tokens", "count", default=512, help="tokens of a shared prefix"),
     Field("think_time", "duration", default="0 s", minimum=0,
           help="a user's pause between its requests"),
+    Field("draw", "choice", default="qual", choices=DRAWS,
+          help="qual: users and requests as requests, context_tokens, turn_tokens, "
+               "generation_tokens, think_time and classes say (each entry on the drive for "
+               "the run); reference: as MLPerf's kv_cache_benchmark draws them (`templates`, "
+               "QoS 15/35/50 %, conversations going on with p 0.8 up to 50 turns, decode "
+               "re-reading once per 32 tokens), its drive tier a ring of store_size that "
+               "evicts the oldest entries (an MLPerf option: reference)"),
+    Field("templates", "table", fields=tuple(
+        f for name, (ctx, gen, think) in TEMPLATES.items() for f in (
+            Field(f"{name}_context", "counts", default=list(ctx),
+                  help=f"a {name} user's context length: drawn between the two"),
+            Field(f"{name}_generation", "counts", default=list(gen),
+                  help=f"a {name} user's generation length: drawn between the two"),
+            Field(f"{name}_think_min", "duration", default=f"{think[0] * 1000:g} ms",
+                  help=f"a {name} user's think time: drawn from here"),
+            Field(f"{name}_think_max", "duration", default=f"{think[1] * 1000:g} ms",
+                  help=f"a {name} user's think time: drawn up to here"))), default={},
+          help="draw reference: the three user templates (the reference's by default)"),
     Field("classes", "choices", default=list(QOS), choices=tuple(QOS),
           help="the QoS classes users are drawn from, in turn"),
     Field("qos", "table", fields=tuple(
@@ -157,8 +202,9 @@ FIELDS = (
     Field("gpu_mem", "size", default=0, minimum=0,
           help="the GPU tier (needs CUDA; 0 where there is none)"),
     Field("store_size", "size", default=0, minimum=0,
-          help="the store qual lays out on the target for the drive tier (0: what the run "
-               "needs at most, every entry on the drive)"),
+          help="the store qual lays out on the target for the drive tier (0: draw qual, what "
+               "the run needs at most, every entry on the drive; draw reference, 95 % of the "
+               "room free on the target, as the reference)"),
     Field("allocations", "count", default=0, minimum=0, maximum=4096,
           help="entries a round's prefill writes at once, at most (the reference's "
                "max-concurrent-allocs; 0: every entry of the round)"),
@@ -181,7 +227,7 @@ def check_table(table: dict) -> list[tuple[str, str]]:
     problems = []
     option = OPTIONS.get(table["mlperf_option"])
     if option:
-        locked = {**option, "trials": CLOSED["trials"], "mode": "fixed"}
+        locked = {**option, "trials": CLOSED["trials"], "mode": "fixed", "draw": "reference"}
         for key in LOCKED:
             if table[key] != locked[key]:
                 problems.append((key, f"option {table['mlperf_option']} fixes {key} at "
@@ -200,13 +246,58 @@ def check_table(table: dict) -> list[tuple[str, str]]:
                          f"{most}"))
     if table["mode"] == "qos" and table["search_step"] > most:
         problems.append(("search_step", f"{table['search_step']} is above max_users {most}"))
-    if not problems and table["store_size"]:
+    if table["draw"] == "reference":
+        problems += _check_reference(table)
+    elif not problems and table["store_size"]:
         need = drive_bytes(table, most if table["mode"] != "fixed" else None)
         if need > table["store_size"]:
             problems.append(("store_size", f"{table['store_size']:,} B cannot hold the run's KV "
                              f"entries ({need:,} B at most, every entry on the drive): raise "
                              "it, or lower users, requests or context_tokens"))
     return problems
+
+
+def _check_reference(table: dict) -> list[tuple[str, str]]:
+    """The reference draw: its templates' ranges, a duration (its users talk until the run
+    ends), no shared prefixes of qual's (it has its own system prompts), and a store that
+    holds its largest entry."""
+    problems = []
+    for name, ranges in templates(table).items():
+        for what, (lo, hi) in zip(("context", "generation", "think"), ranges):
+            key = f"templates.{name}_{what}"
+            if what != "think" and len(table["templates"][f"{name}_{what}"]) != 2:
+                problems.append((key, "needs two counts, the lowest first"))
+            elif lo > hi or (what != "think" and lo < 1):
+                problems.append((key, f"{lo:g} to {hi:g} is not a range from low to high"))
+    if not table["duration"]:
+        problems.append(("duration", "draw reference serves for a duration, as its users talk "
+                         "until the run ends: give one"))
+    if table["prefixes"]:
+        problems.append(("prefixes", "draw reference has its own system prompts: prefixes "
+                         "must be 0"))
+    need = largest_entry(table)
+    if not problems and table["store_size"] and need > table["store_size"]:
+        problems.append(("store_size", f"{table['store_size']:,} B cannot hold the draw's "
+                         f"largest entry ({need:,} B): raise it, or lower the templates' "
+                         "context"))
+    return problems
+
+
+def templates(table: dict) -> dict[str, tuple[tuple, tuple, tuple]]:
+    """Each user template's (context, generation, think time) ranges, as the table sets them."""
+    t = table["templates"]
+    out = {}
+    for name in TEMPLATES:
+        ctx, gen = t[f"{name}_context"], t[f"{name}_generation"]
+        out[name] = ((ctx[0], ctx[-1]), (gen[0], gen[-1]),
+                     (t[f"{name}_think_min"], t[f"{name}_think_max"]))
+    return out
+
+
+def largest_entry(table: dict) -> int:
+    """The reference draw's largest KV entry: its largest context, whole."""
+    most = max(ctx[1] for ctx, _, _ in templates(table).values())
+    return entry_bytes(most, MODELS[table["model"]].bytes_per_token)
 
 
 ALIGN = 4096  # an entry on the drive takes whole units of this (O_DIRECT)
@@ -246,7 +337,10 @@ def prefix_bytes(table: dict) -> int:
 def drive_bytes(table: dict, users: int | None = None) -> int:
     """The most the drive tier holds at once: the shared prefixes' entries and every entry of
     every user's conversation, as where memory holds none (a conversation that ends gives its
-    room to the next)."""
+    room to the next). The reference draw: its ring's store_size (0: what the target has free,
+    known only when the run begins)."""
+    if table["draw"] == "reference":
+        return table["store_size"]
     return table["prefixes"] * prefix_bytes(table) + \
         (users or table["users"]) * conversation_bytes(table)
 
@@ -258,7 +352,7 @@ def option_table(given: dict) -> dict:
     if not option:
         return {}
     return {**{k: v for k, v in option.items() if k != "name"}, "trials": CLOSED["trials"],
-            "duration": f"{CLOSED['duration']:g} s"}
+            "duration": f"{CLOSED['duration']:g} s", "draw": "reference"}
 
 
 def cells(table: dict) -> list[str]:

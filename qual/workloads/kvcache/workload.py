@@ -12,6 +12,7 @@ for every byte. A run is one user count (fixed) or a search over them (qos, capa
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,11 +26,15 @@ from qual import engine, honesty
 from qual.errors import TargetUnavailable
 from qual.targets import Target
 from qual.targets.scratch import fsync_dir, own_folder, remove_made
-from qual.workloads.kvcache.spec import (MODELS, QOS, conversation_bytes, drive_bytes,
-                                         entry_bytes, prefix_bytes, targets, turn_entries)
+from qual.units import format_size
+from qual.workloads.kvcache.spec import (ALIGN, FREE_SHARE, MODELS, QOS, conversation_bytes,
+                                         drive_bytes, entry_bytes, largest_entry, prefix_bytes,
+                                         targets, turn_entries)
+from qual.workloads.kvcache import draw
 from qual.workloads.kvcache.tally import Tally
 
 FOLDER = "qual-kvcache"
+POOL = 64 << 20  # the most memory an entry moves from or into: a longer one repeats it
 PRIORITY = tuple(QOS)  # the reference's service order: interactive, responsive, batch
 MANIFEST = "manifest.json"
 
@@ -41,6 +46,9 @@ class Request:
     turn: int
     qos: str
     new_tokens: int
+    generated: int = 0      # tokens it generates
+    decode_reads: int = 1   # times decode reads its new entry (0: prefilled only)
+    pause: float = 0.0      # its user's think time before it
     arrival: float = 0.0
     started: float = 0.0
     done: float = 0.0
@@ -63,9 +71,12 @@ class Tiers:
     later: int           # bytes of each later turn's
     prefix: int = 0      # bytes of a shared prefix's entry
     prefixes: int = 0
+    ring: int = 0        # >0: the store is a ring of this many bytes (the reference draw)
     held: dict = field(default_factory=dict)   # tier -> OrderedDict of key -> bytes
     used: dict = field(default_factory=dict)   # tier -> bytes held
     drive: dict = field(default_factory=dict)  # key -> (offset, bytes)
+
+    head: int = 0        # the ring's next free byte
 
     def __post_init__(self):
         self.held = {tier: OrderedDict() for tier, _ in self.memory}
@@ -89,18 +100,21 @@ class Tiers:
         self.used[name] += size
         return down
 
-    def where(self, key) -> str:
-        """The tier that holds the entry; a memory tier's hit makes it its most recent."""
+    def where(self, key) -> str | None:
+        """The tier that holds the entry (None: the ring overwrote it); a memory tier's hit
+        makes it its most recent."""
         for name, held in self.held.items():
             if key in held:
                 held.move_to_end(key)
                 return name
-        return "drive"
+        return "drive" if key in self.drive else None
 
     def has(self, key) -> bool:
         return key in self.drive or any(key in held for held in self.held.values())
 
     def offset_for(self, key, size: int) -> int:
+        if self.ring:
+            return self._ring_offset(key, size)
         if key[0] == "prefix":
             offset = key[1] * self.prefix
         else:
@@ -109,6 +123,19 @@ class Tiers:
                 (self.first + (turn - 1) * self.later if turn else 0)
         self.drive[key] = (offset, size)
         return offset
+
+    def _ring_offset(self, key, size: int) -> int:
+        """The ring: entries laid one after another, from the start again where the next
+        would pass the end; the entries it overlaps leave the drive (oldest written first,
+        where the reference evicts the least recently used)."""
+        if self.head + size > self.ring:
+            self.head = 0
+        start, end = self.head, self.head + size
+        for old in [k for k, (o, n) in self.drive.items() if o < end and o + n > start]:
+            del self.drive[old]
+        self.drive[key] = (start, size)
+        self.head = end
+        return start
 
     def forget(self, user: int, conversation: int, turns: int) -> None:
         """A conversation that ended: its entries leave every tier (its prefix stays)."""
@@ -129,7 +156,15 @@ def _conversation(table: dict, seed: int, user: int, conversation: int) -> list[
     first = int(rng.integers(lo, hi + 1))
     later = table["turn_tokens"] + table["generation_tokens"]
     return [Request(user, conversation, t, classes[user % len(classes)],
-                    first if t == 0 else later) for t in range(table["requests"])]
+                    first if t == 0 else later, generated=table["generation_tokens"],
+                    pause=table["think_time"]) for t in range(table["requests"])]
+
+
+def _drawn(profile: draw.Profile, seed: int, user: int, conversation: int) -> list[Request]:
+    """One conversation of the reference's draw (qual.workloads.kvcache.draw)."""
+    return [Request(user, conversation, t, profile.qos, turn.tokens, generated=turn.generated,
+                    decode_reads=turn.decode_reads, pause=turn.pause)
+            for t, turn in enumerate(draw.conversation(profile, seed, user, conversation))]
 
 
 def _cuda() -> bool:
@@ -144,6 +179,7 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
     if table["gpu_mem"] and not _cuda():
         raise TargetUnavailable(19, "a GPU tier needs CUDA, and this host has none: gpu_mem "
                                 "must be 0", target=target.spec)
+    table = settled(target, table)
     if target.kind == "block":  # the store is the device's first bytes: the guard first
         most = table["max_users"] if table["mode"] != "fixed" else table["users"]
         target.ensure_writable(table["store_size"] or drive_bytes(table, most))
@@ -171,6 +207,25 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
                "storage_tokens_per_s": r["storage_tokens_per_s"], "e2e": r["e2e"]}
               for n, r in sorted(runs.items())]
     return {**result, "mode": table["mode"], **chosen, "trials": trials}
+
+
+def settled(target: Target, table: dict) -> dict:
+    """The table with the reference draw's store settled before any I/O: store_size 0 is
+    FREE_SHARE of what the target offers (the room free beside a file target, a device's
+    size), shared among the clients, as the reference takes 95 % of its folder's free room;
+    refused where that cannot hold the draw's largest entry."""
+    if table["draw"] != "reference":
+        return table
+    size = table["store_size"] or \
+        int(FREE_SHARE * target.capacity) // table["clients"] // ALIGN * ALIGN
+    need = largest_entry(table)
+    if size < need:
+        raise TargetUnavailable(errno.ENOSPC, f"the reference draw's largest KV entry takes "
+                                f"{format_size(need)}, and each of {table['clients']} "
+                                f"client(s) has a store of {format_size(size)} (95 % of "
+                                f"{format_size(target.capacity)} offered): give a larger "
+                                "target, or lower the templates' context", target=target.spec)
+    return {**table, "store_size": size}
 
 
 def search_qos(held, start: int, step: int, most: int) -> tuple[int, int | None]:
@@ -250,7 +305,8 @@ def _serve(target: Target, table: dict, store: str, seed: int, progress) -> dict
                         queue_depth=table["queue_depth"], backend=table["backend"]) as kv:
         r = serve(table, kv, seed=seed, progress=progress)
     seen = honesty.between(before, target.device_stat())
-    return {**r, "store": store, "device": seen,
+    return {**r, "store": store, "store_bytes": table["store_size"] or drive_bytes(table),
+            "device": seen,
             "write_truth": honesty.check_device(seen, "write_bytes", r["written"], "KV entries "
                                                 "written", store) if r["written"] else {},
             "read_truth": honesty.check_device(seen, "read_bytes", r["read"], "KV entries read "
@@ -273,19 +329,43 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     prefix, prefixes = prefix_bytes(table), table["prefixes"]
     memory = ([("gpu", table["gpu_mem"])] if table["gpu_mem"] else []) + \
         [("cpu", table["cpu_mem"])]
+    reference = table["draw"] == "reference"
+    ring = table["store_size"] if reference else 0  # the run resolved it
     tiers = Tiers(memory, region=conversation_bytes(table), first=first, later=later,
-                  prefix=prefix, prefixes=prefixes)
-    pool = engine.aligned_empty(max(first, later, prefix))
+                  prefix=prefix, prefixes=prefixes, ring=ring)
+    largest = largest_entry(table) if reference else max(first, later, prefix)
+    pool = engine.aligned_empty(largest if largest <= POOL else
+                                max(1, POOL // table["block_size"]) * table["block_size"])
     engine.fill_random(pool, seed)
     sink = engine.aligned_empty(len(pool))
-    convs = [_conversation(table, seed, u, 0) for u in range(users)]
+    if reference:
+        profiles = [draw.profile(table, seed, u) for u in range(users)]
+        talk = lambda u, c: _drawn(profiles[u], seed, u, c)  # noqa: E731
+    else:
+        talk = lambda u, c: _conversation(table, seed, u, c)  # noqa: E731
+    convs = [talk(u, 0) for u in range(users)]
     next_turn = [0] * users
-    ready_at = [0.0] * users
-    written = read = 0
+    # the reference's users pause before each request, the first too
+    ready_at = [c[0].pause if reference else 0.0 for c in convs]
+    written = read = tokens = misses = 0
     storage_s = 0.0
     hits = {**dict.fromkeys(tiers.held, 0), "drive": 0}
-    tally = Tally(table["classes"], seed)
+    tally = Tally(list(QOS) if reference else table["classes"], seed)
     total = users * table["requests"]  # a request-bound run's, for progress
+
+    def span(offset: int, nbytes: int, buf) -> tuple:
+        """An entry's (offset, buffer[, bytes]): a longer one than the buffer repeats it."""
+        return (offset, buf[:nbytes]) if nbytes <= len(buf) else (offset, buf, nbytes)
+
+    def decoded(r: Request) -> list:
+        """The entries decode reads for a request. The reference draw: every earlier turn of
+        its conversation once (those the ring still holds), then its own new entry
+        decode_reads times; qual's: its prefix and its conversation so far, once each."""
+        if reference:
+            return [(r.user, r.conversation, t) for t in range(r.turn)] + \
+                [(r.user, r.conversation, r.turn)] * r.decode_reads
+        past = [(r.user, r.conversation, turn) for turn in range(r.turn + 1)]
+        return ([_prefix(r, prefixes)] if prefixes else []) + past
 
     def moved(op: str, entries: list, owner: list[Request]) -> int:
         """One batch of entries through the store: its time counts as storage time, and each
@@ -302,6 +382,7 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
 
     def serve_group(group: list[Request]) -> tuple[int, int]:
         """Prefill, then decode, of requests served together: the bytes written and read."""
+        nonlocal misses
         # prefill: each request's new entry, placed in the fastest tier with room
         writes, owner = [], []
         for r in group:
@@ -310,22 +391,23 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
                 new.insert(0, (_prefix(r, prefixes), prefix))
             for entry, size in new:
                 for key, nbytes in tiers.place(entry, size):
-                    writes.append((tiers.offset_for(key, nbytes), pool[:nbytes]))
+                    writes.append(span(tiers.offset_for(key, nbytes), nbytes, pool))
                     owner.append(r)
         # at most `allocations` entries written at once (the reference's max-concurrent-allocs)
         step = table["allocations"] or len(writes) or 1
         w = sum(moved("write", writes[i:i + step], owner[i:i + step])
                 for i in range(0, len(writes), step))
-        # decode: every entry of the conversation so far that host memory does not hold
+        # decode: what it reads that host memory does not hold
         reads, owner = [], []
         for r in group:
-            past = [(r.user, r.conversation, turn) for turn in range(r.turn + 1)]
-            for key in ([_prefix(r, prefixes)] if prefixes else []) + past:
+            for key in decoded(r):
                 tier = tiers.where(key)
+                if tier is None:  # the ring overwrote it: nothing to read
+                    misses += 1
+                    continue
                 hits[tier] += 1
                 if tier == "drive":
-                    offset, nbytes = tiers.drive[key]
-                    reads.append((offset, sink[:nbytes]))
+                    reads.append(span(*tiers.drive[key], sink))
                     owner.append(r)
         return w, moved("read", reads, owner) if reads else 0
 
@@ -357,21 +439,24 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
         for r in group:
             r.done = end
             next_turn[r.user] += 1
-            ready_at[r.user] = end + table["think_time"]
+            tokens += r.generated
             tally.add(r)
             if duration and next_turn[r.user] == len(convs[r.user]):
-                # the conversation is over: the user's next one takes its room
-                tiers.forget(r.user, r.conversation, len(convs[r.user]))
-                convs[r.user] = _conversation(table, seed, r.user, r.conversation + 1)
+                # the conversation is over: the user's next one takes its room (the ring's
+                # entries stay until it overwrites them, as the reference's until evicted)
+                if not reference:
+                    tiers.forget(r.user, r.conversation, len(convs[r.user]))
+                convs[r.user] = talk(r.user, r.conversation + 1)
                 next_turn[r.user] = 0
+            if next_turn[r.user] < len(convs[r.user]):
+                ready_at[r.user] = end + convs[r.user][next_turn[r.user]].pause
         if progress:
             done = min(1.0, end / duration) if duration else tally.served / total
             progress(f"{users} users: {tally.served} requests served", done)
     wall = time.monotonic() - t0
-    tokens = table["generation_tokens"] * tally.served
     return {"model": model.name, "bytes_per_token": bpt, "backend": kv.backend, "users": users,
-            "wall_s": wall, "storage_s": storage_s, "written": written, "read": read,
-            "hits": hits, "tokens": tokens, "tokens_per_s": tokens / wall,
+            "draw": table["draw"], "wall_s": wall, "storage_s": storage_s, "written": written,
+            "read": read, "hits": hits, "misses": misses, "tokens": tokens, "tokens_per_s": tokens / wall,
             "storage_tokens_per_s": tokens / storage_s if storage_s else 0.0,
             "e2e": tally.e2e_tail(), "served": tally.served, "requests": tally.kept,
             "latency": {"write": tally.storage["write"], "read": tally.storage["read"],
