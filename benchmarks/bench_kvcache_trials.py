@@ -1,14 +1,15 @@
 """Is an MLPerf KV-cache option repeatable here? Its three trials (seed 42) beside fio's own
 spread on the same stand-in in the same minutes.
 
-Each round runs `qual kvcache --mlperf-option 1 --clients 2` (shortened with --duration and
-small contexts, which the record lists among its departures) and fio's 256 KiB O_DIRECT
-writes on the same folder, alternating. It prints every trial's aggregate storage tokens/s
+Each round runs `qual kvcache --mlperf-option 1 --clients 2` (the reference's draw, shortened
+with --duration and its templates' contexts and generations divided by --scale, which the
+record lists among its departures) and fio's 256 KiB O_DIRECT writes on the same folder,
+alternating. It prints every trial's aggregate storage tokens/s
 and read bandwidth and every fio run's bandwidth, each side's spread ((max - min) / median)
 and coefficient of variation: the option is as repeatable as the stand-in allows when its
 spread is no wider than fio's.
 
-    python benchmarks/bench_kvcache_trials.py --target /mnt/ram/bench --rounds 3
+    python benchmarks/bench_kvcache_trials.py --target /mnt/ram/bench --rounds 3 --scale 16
 """
 
 from __future__ import annotations
@@ -23,13 +24,23 @@ from pathlib import Path
 from bench_io_vs_fio import run_fio
 from peer import bench_folder
 
+from qual.workloads.kvcache.spec import TEMPLATES
 
-def option_trials(folder: Path, duration: str) -> list[dict]:
+
+def scaled(scale: int) -> list[str]:
+    """The templates' flags with contexts and generations divided by `scale`."""
+    out = []
+    for name, (ctx, gen, _) in TEMPLATES.items():
+        for what, (lo, hi) in (("context", ctx), ("generation", gen)):
+            out += [f"--templates-{name}-{what}", f"{max(1, lo // scale)},{hi // scale}"]
+    return out
+
+
+def option_trials(folder: Path, duration: str, scale: int) -> list[dict]:
     """One command: the option's three trials; each trial's aggregate figures."""
     cmd = [sys.executable, "-m", "qual.cli", "kvcache", "--target", str(folder),
            "--mlperf-option", "1", "--clients", "2", "--duration", duration,
-           "--context-tokens", "16,64", "--turn-tokens", "16", "--generation-tokens", "8",
-           "--requests", "3", "--block-size", "256K", "--json", "-q"]
+           *(scaled(scale) if scale > 1 else []), "--block-size", "256K", "--json", "-q"]
     doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return [{"storage_tokens_per_s": sum(c["storage_tokens_per_s"] for c in t["clients"]),
              "read_bw": sum(c["read"] / c["wall_s"] for c in t["clients"])}
@@ -48,6 +59,8 @@ def main() -> int:
     ap.add_argument("--target", default=".qual/bench", help="folder on the drive")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the option and of fio")
     ap.add_argument("--duration", default="10s", help="each trial's duration")
+    ap.add_argument("--scale", type=int, default=16, help="divide the reference templates' "
+                    "contexts and generations by this (1: as released)")
     args = ap.parse_args()
     found = bench_folder(args.target)
     if found is None:
@@ -55,7 +68,7 @@ def main() -> int:
     folder, _ = found
     trials, fio = [], []
     for r in range(args.rounds):
-        trials += option_trials(folder, args.duration)
+        trials += option_trials(folder, args.duration, args.scale)
         fio.append(run_fio(folder / "fio.dat", "write", "256k", 16, "1G", 10.0)["bw"])
         (folder / "fio.dat").unlink()
         print(f"round {r + 1}: trials {[round(t['storage_tokens_per_s']) for t in trials[-3:]]}"
