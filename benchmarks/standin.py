@@ -20,14 +20,17 @@ def _sh(*cmd: str) -> str:
 
 @contextmanager
 def ram_stand_in(size: int):
-    """(mount point, loop device) of a fresh stand-in of `size` bytes; removed afterwards."""
+    """(mount point, loop device) of a fresh stand-in of `size` bytes; removed afterwards. Its
+    memory is taken up front (and mkfs told not to give it back by discarding): the first
+    touch of a page of /dev/shm costs more than later ones, and a run over pages never
+    touched ran at half the speed of the same run after it."""
     backing = Path(tempfile.mkdtemp(dir=SHM, prefix="qual-bench-")) / "drive.img"
     with open(backing, "wb") as f:
-        f.truncate(size)
+        os.posix_fallocate(f.fileno(), 0, size)
     dev = _sh("losetup", "--find", "--show", "--direct-io=on", str(backing))
     point = Path(tempfile.mkdtemp(prefix="qual-bench-mnt-"))
     try:
-        _sh("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev)
+        _sh("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", dev)
         _sh("mount", "-o", "noatime", dev, str(point))
         yield point, dev
     finally:
