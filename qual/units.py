@@ -192,9 +192,11 @@ def format_duration(seconds: float) -> str:
     """A span for a person: 850 ms, 1.5 s, 12 s, 3 min 20 s, 1 h 05 min."""
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
-    if seconds < 59.95:
-        return f"{seconds:.3g} s"
+    if seconds < 9.95:  # two digits: a think time of 1.5 s is not 2 s
+        return f"{seconds:.2g} s"
     s = round(seconds)
+    if s < 60:
+        return f"{s} s"
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
