@@ -45,6 +45,7 @@ def accept(url: str, tmp_path, prof: str, firmware: str = "2.1") -> tuple[int, d
     return proc.returncode, json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_an_outlier_among_passing_drives_is_rejected_by_name_then_accepted_in_line(
         store_url, tmp_path):
     prof = profile(tmp_path)
@@ -130,6 +131,7 @@ def test_no_run_of_the_model_is_a_usage_error(store_url, tmp_path):
         "'NOTHING'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_history_shows_each_firmware_s_median_and_charts_every_figure(store_url, tmp_path):
     store_drives(store_url, SIBLINGS, firmware="2.0", day=1)
     slower = {s: tuple(v * 0.8 for v in r) for s, r in SIBLINGS.items()}

@@ -12,6 +12,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 @pytest.mark.skipif(not shutil.which("fio"), reason="fio is every benchmark's peer")
+@pytest.mark.slow
 def test_every_benchmark_runs_once_in_smoke_mode(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(BENCHMARKS), "-q", "-p", "no:cacheprovider",

@@ -83,6 +83,7 @@ def test_qual_io_reproducers_end_with_their_byte_bound(data_file, capsys, argv, 
        workers=st.integers(1, 6), depth=st.integers(1, 8),
        bound_blocks=st.one_of(st.none(), st.integers(1, 40)),
        runtime=st.one_of(st.none(), st.floats(0.001, 0.05)))
+@pytest.mark.slow
 def test_every_job_ends_at_its_first_bound(data_file, backend, pattern, block_size, blocks,
                                            workers, depth, bound_blocks, runtime):
     bytes_bound = None if bound_blocks is None else bound_blocks * block_size

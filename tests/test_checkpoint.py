@@ -174,6 +174,7 @@ DTYPES = sorted(DTYPE_BYTES)
                                   st.sampled_from(DTYPES)), min_size=1, max_size=12),
        chunk=st.sampled_from([4096, 12288, 65536, 1 << 20]), depth=st.integers(1, 8),
        backend=st.sampled_from(["io_uring", "psync"]), seed=st.integers(0, 2**32))
+@pytest.mark.slow
 def test_write_then_restore_is_bit_identical(tmp_path_factory, tensors, chunk, depth, backend,
                                              seed):
     rng = np.random.default_rng(seed)
@@ -294,6 +295,7 @@ def test_a_folder_qual_did_not_make_is_left_alone(tmp_path):
 # ------------------------------------------------------------------ ranks as processes
 
 
+@pytest.mark.slow
 def test_two_ranks_write_restore_and_keep_the_newest(tmp_path):
     outcome = checkpoint.run(Target(tmp_path), tiny(passes=2, per_pass=2, retention=1,
                                                    restore=True, baseline=True,
@@ -319,12 +321,14 @@ def test_two_ranks_write_restore_and_keep_the_newest(tmp_path):
             "ckpt_restore_intact", "torch_save_bw", "ckpt_save_speedup"} <= ids
 
 
+@pytest.mark.slow
 def test_four_rank_processes(tmp_path):
     outcome = checkpoint.run(Target(tmp_path), tiny(tp=2, pp=2, restore=True))
     assert outcome.result["world"] == 4 and outcome.result["restore"]["intact"]
     assert len(outcome.result["checkpoints"][0]["rank_seconds"]) == 4
 
 
+@pytest.mark.slow
 def test_tensors_in_the_page_aligned_pool_move_without_a_copy(tmp_path):
     """Chunks that lie inside one tensor are written from the pool and restored into the
     destination directly, also when tensors share the pool. This plan's tensors average ~19 KB
@@ -345,6 +349,7 @@ def test_a_rank_larger_than_its_pool_says_how_much_was_compared_byte_for_byte(tm
     assert 0 < doc["byte_compared_bytes"] <= 2 * (1 << 20) < doc["crc_checked_bytes"]
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_in_a_data_file_is_caught_on_restore(tmp_path):
     target = Target(tmp_path)
     checkpoint.run(target, tiny())
@@ -363,6 +368,7 @@ def test_a_flipped_byte_in_a_data_file_is_caught_on_restore(tmp_path):
     assert intact.value == 0.0
 
 
+@pytest.mark.slow
 def test_restore_compares_every_byte_not_only_the_crcs(tmp_path):
     """A flipped byte whose chunk CRC and manifest CRC were rewritten to match (what a
     CRC-consistent corruption, or a writer that checksummed wrong data, leaves): the CRCs pass,
@@ -388,6 +394,7 @@ def test_restore_compares_every_byte_not_only_the_crcs(tmp_path):
     assert restore["errors"] == ["rank 1: restored bytes differ from the bytes written"]
 
 
+@pytest.mark.slow
 def test_a_corrupt_manifest_is_refused_on_restore(tmp_path):
     target = Target(tmp_path)
     checkpoint.run(target, tiny())
@@ -399,6 +406,7 @@ def test_a_corrupt_manifest_is_refused_on_restore(tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
 def test_enospc_mid_checkpoint_leaves_the_earlier_ones_restorable(tmp_path, loop_device):
     dev = loop_device(48 << 20)
     folder = loop_device.mount(dev)
@@ -415,6 +423,7 @@ def test_enospc_mid_checkpoint_leaves_the_earlier_ones_restorable(tmp_path, loop
     assert outcome.result["restore"]["intact"] and outcome.result["restore"]["path"] == str(done[-1])
 
 
+@pytest.mark.slow
 def test_a_rank_error_stops_every_rank(tmp_path):
     """A plan that does not fit its layout fails in the ranks; none is left running."""
     with pytest.raises(QualError, match="processes for a 2-rank layout"):
@@ -445,6 +454,7 @@ def test_fill_to_utilisation_counts_what_fits(tmp_path):
 # ------------------------------------------------------------------ the suite and the command
 
 
+@pytest.mark.slow
 def test_every_suite_passes_and_the_checkpoint_suite_records(tmp_path):
     proc, results = run_suite(tmp_path, suite="", profile=TINY_ALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -460,6 +470,7 @@ def test_every_suite_passes_and_the_checkpoint_suite_records(tmp_path):
     assert len(charts) == 1
 
 
+@pytest.mark.slow
 def test_only_the_checkpoint_suite_leaves_the_other_criteria_unjudged(tmp_path):
     proc, results = run_suite(tmp_path, "-k", "not torch", suite="test_checkpoint.py",
                               profile=TINY_ALL)
@@ -481,6 +492,7 @@ def test_checkpoint_command_json(tmp_path):
     assert len(doc["write_s"]) == 2 and doc["verified"] is True
 
 
+@pytest.mark.slow
 def test_torchrun_launches_the_ranks(tmp_path):
     """torchrun sets RANK, WORLD_SIZE and MASTER_ADDR; each worker is one rank, rank 0 reports."""
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -512,6 +524,7 @@ def test_subset_of_a_layout_on_this_host(tmp_path):
     (Fault(op="write", short_bytes=4096, offset_lo=1 << 20), "DeviceIoError"),
     (Fault(op="write", error=errno.ENOSPC, offset_lo=1 << 20), "NoSpace"),
 ])
+@pytest.mark.slow
 def test_a_failing_write_leaves_the_last_good_checkpoint_restorable(tmp_path, fault, error):
     """An injected EIO, short write or ENOSPC in the next checkpoint: the error names the file,
     the operation and the offset, no partial directory survives, and restore still finds the
@@ -541,6 +554,7 @@ def qual_checkpoint(*args, cwd):
     return proc, json.loads(proc.stdout) if proc.stdout.startswith("{") else None
 
 
+@pytest.mark.slow
 def test_a_set_written_by_one_run_is_restored_bit_for_bit_by_another(tmp_path):
     """--write-only leaves a complete set; a separate --read-only run restores it from its
     manifest alone (plan, chunking, the data's seed) and compares every byte."""
@@ -586,6 +600,7 @@ def test_a_set_written_by_one_run_is_restored_bit_for_bit_by_another(tmp_path):
     ("foreign manifest", "not qual's (no qual-ckpt/1 format field)"),
     ("never committed", "never committed"),
 ])
+@pytest.mark.slow
 def test_read_only_refuses_an_incomplete_or_foreign_set(tmp_path, damage, message):
     checkpoint.run(Target(tmp_path), tiny())
     ckpt = tmp_path / "qual-checkpoints" / "ckpt-000001"
@@ -602,6 +617,7 @@ def test_read_only_refuses_an_incomplete_or_foreign_set(tmp_path, damage, messag
 
 
 @needs_root
+@pytest.mark.slow
 def test_the_mlperf_v2_procedure_reads_every_checkpoint_back_from_the_device(tmp_path,
                                                                             loop_device):
     """MLPerf Storage v2.0 on a loop-mounted ext4: 10 writes, the cache cleared, 10 reads,
@@ -623,6 +639,7 @@ def test_the_mlperf_v2_procedure_reads_every_checkpoint_back_from_the_device(tmp
 
 
 @needs_root
+@pytest.mark.slow
 def test_subset_mode_writes_this_hosts_share_and_reads_it_back_from_the_device(tmp_path,
                                                                               loop_device):
     """MLPerf's subset mode on a loop-mounted ext4 (node-local storage): 8 processes of the
@@ -650,6 +667,7 @@ def test_subset_mode_writes_this_hosts_share_and_reads_it_back_from_the_device(t
 
 
 @pytest.mark.parametrize("failing", [0, 1])
+@pytest.mark.slow
 def test_the_failing_ranks_own_error_is_shown_not_a_peers(misbehaving, tmp_path, failing):
     """A drive that returns EIO inside one rank's file during a restore: that rank fails with
     a device error naming the file and offset; its peer then loses the process group

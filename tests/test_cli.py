@@ -136,6 +136,7 @@ def test_a_flag_over_a_profile_is_judged_alone(tmp_path, family, flag, value):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_run_exits_0_on_a_subset_and_6_when_a_selected_criterion_was_not_judged(tmp_path):
     """-k seq_read: the latency criterion is not selected, the run passes. With a health
     criterion on a file (no SMART log there, its test skips), the same subset is INCOMPLETE."""
@@ -156,6 +157,7 @@ def test_run_exits_0_on_a_subset_and_6_when_a_selected_criterion_was_not_judged(
     assert "health_media_errors[family=bandwidth]" in summary["not_judged"]
 
 
+@pytest.mark.slow
 def test_run_wraps_pytest_and_leaves_record_and_allure(tmp_path):
     proc = qual("run", "--profile", str(TINY_PROFILE), "--results", "out", "-q", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -207,6 +209,7 @@ def test_profiles_json_lists_each_profile_with_its_families_and_criteria():
     assert "seq_read_bw[bs=1M,qd=16]" in docs["ci"]["criteria"]
 
 
+@pytest.mark.slow
 def test_profiles_name_shows_one_profile_s_settings_and_every_criterion(tmp_path):
     """`qual profiles NAME`: what a profile asks, without reading its TOML (and its parents')."""
     proc = qual("profiles", "ci")
@@ -233,6 +236,7 @@ def test_profiles_name_shows_one_profile_s_settings_and_every_criterion(tmp_path
 
 @pytest.mark.parametrize("spelling", [["--qual-results", "X"], ["--qual-results=X"],
                                       ["--results", "X"]])
+@pytest.mark.slow
 def test_one_results_folder_however_it_is_spelled(tmp_path, spelling):
     """The record and the Allure results of a run land in one folder, whether it is named
     with qual run's --results or the plugin's --qual-results."""
@@ -268,6 +272,7 @@ def test_io_takes_fios_ioengine_and_the_old_spelling(tmp_path, spelling):
     ("checkpoint", ("--tp", "2", "--scale", "1e-4")),
 ])
 @pytest.mark.parametrize("spelling", ["--ioengine", "--backend", "--engine"])
+@pytest.mark.slow
 def test_families_take_one_backend_flag_in_every_spelling(tmp_path, family, args, spelling):
     proc = qual(family, "--target", str(tmp_path), *args, spelling, "psync", "--json", "-q")
     assert proc.returncode == 0, proc.stderr
@@ -275,6 +280,7 @@ def test_families_take_one_backend_flag_in_every_spelling(tmp_path, family, args
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_refusal_names_the_flags_of_the_command_that_refused(loop_device, tmp_path):
     dev = loop_device()
     io = qual("io", "--target", dev, "--rw", "write", "--size", "1M")

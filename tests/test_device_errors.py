@@ -39,6 +39,7 @@ def test_qual_io_names_the_offset_the_drive_failed(misbehaving, tmp_path, backen
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_fails_the_cell_that_hit_the_error_and_passes_the_other(unreadable, tmp_path):
     # FUSE has no block-device counters: without device_truth optional the write cell would
     # be UNVERIFIED (rightly), not judged

@@ -280,6 +280,7 @@ def test_auto_uses_io_uring_where_it_works(pattern_file):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_ctrl_c_stops_a_long_job_within_about_a_second(tmp_path, backend):
     proc = subprocess.Popen(
         [sys.executable, "-m", "qual.cli", "io", "--target", str(tmp_path), "--rw", "randread",

@@ -121,6 +121,7 @@ def test_a_declared_test_that_skips_does_not_start_the_shared_run(tmp_path):
     assert "stamp 0/24" not in proc.stdout + proc.stderr  # the run never began
 
 
+@pytest.mark.slow
 def test_qual_run_records_and_reports_it(tmp_path):
     profile = tmp_path / "stamp.toml"
     profile.write_text(PROFILE)
@@ -159,6 +160,7 @@ def test_qual_run_records_and_reports_it(tmp_path):
     assert (out / "index.html").exists() and not (out / "awesome").exists()
 
 
+@pytest.mark.slow
 def test_a_profile_check_knows_it_and_health_can_watch_it(tmp_path):
     """`qual profiles --check` parses its table (a bad value named by key), and [health]
     families may name it, but not a family nobody registered."""
@@ -182,6 +184,7 @@ def test_a_profile_check_knows_it_and_health_can_watch_it(tmp_path):
     assert unregistered.returncode == 4 and "'stamp' is not a registered" in unregistered.stderr
 
 
+@pytest.mark.slow
 def test_every_family_with_a_run_has_a_subcommand_with_its_fields_as_flags(tmp_path):
     helps = {}
     for family in registry().values():
@@ -199,6 +202,7 @@ def test_every_family_with_a_run_has_a_subcommand_with_its_fields_as_flags(tmp_p
         assert flag in helps["integrity"]
 
 
+@pytest.mark.slow
 def test_under_xdist_its_tests_keep_their_drive_and_their_ids(tmp_path):
     """`qual run -n 2`: the family's tests join their drive's xdist group like qual's own
     (one worker holds the drive: no EBUSY between workers), with ids named by its folder."""

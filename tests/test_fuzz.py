@@ -29,6 +29,7 @@ values = st.recursive(
 
 @settings(max_examples=2000, deadline=None)
 @given(value=values, dimension=st.sampled_from(units.DIMENSIONS))
+@pytest.mark.slow
 def test_the_unit_parser_returns_a_number_or_a_unit_error(value, dimension):
     for parse in (lambda v: units.parse_size(v), lambda v: units.parse_duration(v),
                   lambda v: units.parse_count(v, name="n"),
@@ -90,6 +91,7 @@ def profiles(draw) -> str:
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                     HealthCheck.function_scoped_fixture])
 @given(text=profiles())
+@pytest.mark.slow
 def test_a_profile_loads_or_says_what_is_wrong(tmp_path, text):
     path = tmp_path / "fuzz.toml"
     path.write_text(text)
@@ -142,6 +144,7 @@ def _flag(argv: list[str], flag: str, default: str) -> str:
 @settings(max_examples=2000, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=io_argv())
+@pytest.mark.slow
 def test_qual_io_flags_never_crash(small_file, capsys, argv):
     """Every input runs or is refused with qual's own error, and every job it runs ends at its
     bound: without a runtime, with exactly --size in whole blocks; with one, within runtime +

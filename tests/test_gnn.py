@@ -530,6 +530,7 @@ def rgat_accuracy(calibrated, wrap=lambda loader: loader) -> float:
     return trained.accuracy
 
 
+@pytest.mark.slow
 def test_a_paper_s_own_features_alone_stay_far_below_the_gate(calibrated):
     """As in the real IGBH, the answer lies in the graph: an MLP on the papers' own features
     learns something, and stays at or below 50 %."""
@@ -611,6 +612,7 @@ class StaleCache(_Corrupting):
 
 
 @pytest.mark.parametrize("corruption", [OuterHopShuffled, OuterHopNeighbouringPage, StaleCache])
+@pytest.mark.slow
 def test_a_loader_that_hands_over_wrong_rows_fails_the_gate(calibrated, corruption):
     """The 70 % gate catches a loader bug: wrong rows for the outer hop, or stale cache
     contents, train below it on the same steps the real loaders pass with."""
@@ -635,6 +637,7 @@ def test_an_accuracy_whose_interval_holds_the_bound_says_so(interval, straddles)
 # ------------------------------------------------------------------ the suite and the command
 
 
+@pytest.mark.slow
 def test_the_gnn_suite_passes_and_records(tmp_path):
     proc, results = run_suite(tmp_path, "-k", "not gpu", suite="test_gnn.py", profile=TINY_ALL)
     # only the GNN criteria are judged: the run is INCOMPLETE, not FAIL
@@ -662,6 +665,7 @@ def test_the_gnn_suite_passes_and_records(tmp_path):
     assert not (tmp_path / ".qual" / "qual-igbh").exists() and not (tmp_path / ".qual" / "qual-gnn").exists()
 
 
+@pytest.mark.slow
 def test_gnn_command_json(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "qual.cli", "gnn", "--target", str(tmp_path),
                            "--scale", "0.01", "--fanouts", "3,2", "--steps", "3", "--warmup", "1",

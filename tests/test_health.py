@@ -139,6 +139,7 @@ def test_a_file_on_a_virtual_disk_has_no_smart_log(tmp_path):
     assert reason and "not an NVMe device" in reason
 
 
+@pytest.mark.slow
 def test_suites_skip_health_with_the_reason_off_nvme(tmp_path):
     from testbed import run_suite
 

@@ -20,6 +20,7 @@ GEN3_X1 = Identity(transport="nvme", link_speed="8.0 GT/s PCIe", link_width="1")
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_target_without_device_counters_is_incomplete_not_passed(tmp_path, tmpfs):
     proc, results = run_suite(tmp_path, f"--qual-target={tmpfs / 'drive.dat'}")
     assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-3000:]
@@ -32,6 +33,7 @@ def test_a_target_without_device_counters_is_incomplete_not_passed(tmp_path, tmp
 
 
 @needs_root
+@pytest.mark.slow
 def test_optional_device_truth_judges_with_a_caveat_on_every_result(tmp_path, tmpfs):
     profile = tmp_path / "smoke.toml"
     profile.write_text(f'[profile]\nname = "smoke"\nextends = "{TINY_PROFILE}"\n'
@@ -166,6 +168,7 @@ FAKES = {
     ("counters", "did not reach the device (a cache served them)"),
     ("link", "exceeds what a 0.001 GT/s x1 link can carry"),
 ])
+@pytest.mark.slow
 def test_an_implausible_measurement_is_an_error_not_a_verdict(tmp_path, fake, error):
     (tmp_path / "fake.py").write_text(textwrap.dedent(FAKES[fake]))
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))

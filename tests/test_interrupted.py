@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from qual.targets import SCRATCH_NAME, Target
 from qual.targets.scratch import prove
 from qual.thresholds import family_table
@@ -50,6 +52,7 @@ def test_a_fill_killed_midway_is_not_trusted_and_clean_spares_the_rest(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["their-notes.txt"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_dataset_generation_leaves_an_incomplete_dataset_that_is_redone(tmp_path):
     args = ["train", "--target", str(tmp_path), "--files", "96", "--record-scale", "0.1",
             "--computation-time", "1ms", "--keep"]
@@ -74,6 +77,7 @@ def test_ctrl_c_during_dataset_generation_leaves_an_incomplete_dataset_that_is_r
     assert not (tmp_path / dataset.FOLDER).exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_suite_run_and_leaves_no_record_claiming_a_verdict(tmp_path):
     env = {**os.environ}
     proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "run", "--results",
@@ -95,6 +99,7 @@ def test_ctrl_c_stops_a_suite_run_and_leaves_no_record_claiming_a_verdict(tmp_pa
     assert (tmp_path / ".qual" / SCRATCH_NAME).exists() or not (tmp_path / ".qual").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_gnn_loaders_run_ends_quietly(tmp_path):
     """Ctrl-C in the middle of the GIDS loader's batches: exit 130 saying so, and no
     "Exception ignored" from a generator closed after its loader, no traceback."""

@@ -117,6 +117,7 @@ def test_a_store_too_small_is_refused_with_its_arithmetic():
                for _, k, p in e.value.problems)
 
 
+@pytest.mark.slow
 def test_a_duration_bound_run_starts_new_conversations_in_the_room_of_the_last(tmp_path):
     """Users keep talking for the duration: a user whose conversation ended starts its next
     one, whose entries take the ended one's place in the user's region of the store (a store
@@ -253,6 +254,7 @@ def test_a_profile_judges_the_most_users_at_the_class_target(tmp_path, least, st
     assert not (Path(tmp_path) / "qual-kvcache").exists()
 
 
+@pytest.mark.slow
 def test_the_command_says_what_it_ran_and_its_verdict_and_paces_its_progress(tmp_path):
     """`qual kvcache --profile ci`: the model, the users and the sizes it ran; a verdict line
     (the ci profile judges no kvcache figure: it says so rather than PASS); progress at most a
@@ -355,6 +357,7 @@ def test_concurrent_allocations_bound_the_entries_a_round_writes_at_once(tmp_pat
 
 
 @needs_root
+@pytest.mark.slow
 def test_an_mlperf_option_with_two_clients_is_scored_as_the_release_scores_it(
         tmp_path, ram_device, loop_device):
     """`qual kvcache --mlperf-option 1 --clients 2` (2 s a trial, small templates): three
@@ -545,6 +548,7 @@ def test_the_reference_draw_is_served_as_the_reference_serves_it(tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
 def test_the_reference_draw_on_a_drive_moves_what_the_device_counts(tmp_path, ram_device,
                                                                     loop_device):
     """`qual kvcache --draw reference` with no store_size takes 95 % of the room the target

@@ -21,6 +21,7 @@ from qual.plan import calibration
 from qual.targets.filesystem import label_for
 from testbed import CI_DEVICE, TINY_PROFILE, blank, needs_root, qual, serial_of, sh, sha256_of
 
+@pytest.mark.slow
 def test_plan_lists_every_test_and_runs_nothing(tmp_path):
     proc = qual("run", "--profile", str(TINY_PROFILE), "--plan", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -67,6 +68,7 @@ def test_a_device_that_does_not_exist_is_refused_by_a_sentence(tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
 def test_qual_fit_scales_a_region_down_and_every_figure_says_so(tmp_path, loop_device):
     drive = loop_device.mount(loop_device(256 << 20))  # ext4: the device's counters are truth
     profile = tmp_path / "big.toml"
@@ -90,6 +92,7 @@ def test_qual_fit_scales_a_region_down_and_every_figure_says_so(tmp_path, loop_d
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_small_raw_namespace_is_refused_before_any_io(tmp_path, ram_device):
     dev = ram_device(CI_DEVICE)
     before = sha256_of(dev)
@@ -122,6 +125,7 @@ def test_the_profile_chooses_qual_s_filesystem_and_its_tool_is_checked_first(tmp
 
 
 @needs_root
+@pytest.mark.slow
 def test_kept_data_adds_up_family_by_family(tmp_path, ram_device):
     """On 1.25 GiB, qual's filesystem offers about 1.23 GB: each ci file family fits alone (the
     GNN's 0.9 GB the most), all three kept to the end (1.27 GB) do not."""
@@ -167,6 +171,7 @@ def test_the_last_run_scales_each_test_s_estimate_by_its_own_ratio():
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_raw_namespace_without_its_serial_is_refused_once(tmp_path, ram_device):
     dev = ram_device(CI_DEVICE)
     before = sha256_of(dev)
@@ -180,6 +185,7 @@ def test_a_raw_namespace_without_its_serial_is_refused_once(tmp_path, ram_device
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_device):
     dev = ram_device(CI_DEVICE)
     plan = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
@@ -239,6 +245,7 @@ def _wait_mounted(proc: subprocess.Popen) -> None:
 
 
 @needs_root
+@pytest.mark.slow
 def test_ctrl_c_while_the_file_families_run_leaves_the_device_blank(tmp_path, ram_device):
     dev = ram_device(CI_DEVICE)
     proc = _start_file_families(dev, tmp_path)
@@ -254,6 +261,7 @@ def test_ctrl_c_while_the_file_families_run_leaves_the_device_blank(tmp_path, ra
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_killed_run_leaves_nothing_mounted_and_clean_erases_only_qual_s_filesystem(
         tmp_path, ram_device):
     dev = ram_device(CI_DEVICE)

@@ -35,6 +35,7 @@ def profile_with(tmp_path, criterion: str, name="custom.toml") -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_suite_passes_on_the_default_target(tmp_path):
     proc, results = run_suite(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -82,6 +83,7 @@ def test_suite_passes_on_the_default_target(tmp_path):
     assert json.loads((folder / "executor.json").read_text())["name"] == "qual"
 
 
+@pytest.mark.slow
 def test_an_unmeetable_bound_fails_with_the_verdict_line(tmp_path):
     profile = profile_with(tmp_path, """
         [[bandwidth.criteria]]
@@ -108,6 +110,7 @@ def test_an_unmeetable_bound_fails_with_the_verdict_line(tmp_path):
     assert message.startswith("seq_write_bw[bs=64K,qd=4] = ")
 
 
+@pytest.mark.slow
 def test_an_engine_error_is_broken_not_a_threshold_failure(tmp_path):
     """The target vanishes mid-session: later tests are broken (an error), never failed."""
     target = tmp_path / "target-dir"
@@ -134,6 +137,7 @@ def test_an_engine_error_is_broken_not_a_threshold_failure(tmp_path):
     assert "broken" in statuses and "failed" not in statuses
 
 
+@pytest.mark.slow
 def test_the_suite_runs_under_xdist(tmp_path):
     proc, results = run_suite(tmp_path, "-n", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -173,6 +177,7 @@ def test_a_missing_target_directory_is_a_usage_error(tmp_path):
     assert proc.returncode == 4 and "no such file, directory or device" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_regression_against_the_baseline_fails(tmp_path):
     first, results = run_suite(tmp_path, "--qual-results=first", alluredir=False)
     assert first.returncode == 0
@@ -195,6 +200,7 @@ def test_a_regression_against_the_baseline_fails(tmp_path):
     (99.99, 'runtime = "0.05 s"', 10_000),  # 50 ms at depth 1 cannot give them
     (99.9999, 'runtime = "30 s"\nsamples = 3000', 1_000_000),  # sized by samples: 3,000
 ])
+@pytest.mark.slow
 def test_a_percentile_too_few_samples_can_resolve_is_an_error(tmp_path, pct, latency, needed):
     text = TINY_PROFILE.read_text().replace('runtime = "0.3 s"', latency)
     path = tmp_path / "short.toml"
@@ -214,6 +220,7 @@ def test_a_percentile_too_few_samples_can_resolve_is_an_error(tmp_path, pct, lat
         assert {m["context"]["ops"] for m in lat["measurements"]} == {3000}
 
 
+@pytest.mark.slow
 def test_junitxml_carries_each_test_s_measurements_as_json(tmp_path):
     """--junitxml (a CI system's view of the run): the `qual` property of a test is its
     measurements and verdicts as JSON, not a Python repr."""

@@ -72,6 +72,7 @@ def test_purge_is_refused_without_the_destructive_guard(loop_device):
     assert sha256_of(dev) == before
 
 
+@pytest.mark.slow
 def test_qual_pts_json_has_each_test_with_its_steady_state_window(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "qual.cli", "pts", "--target", str(tmp_path), "--json", "-q",

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from qual import stats
 from qual.judge import judge
 from qual.record import TestResult, summarize
@@ -20,6 +22,7 @@ from testbed import TINY_PROFILE, load_record, run_suite
 SEQ = "seq_read_bw[bs=64K,qd=4]"
 
 
+@pytest.mark.slow
 def test_repetitions_are_interleaved_kept_and_judged_by_their_median(tmp_path):
     proc, results = run_suite(tmp_path, "--qual-repeats", "3", "-k",
                               "seq_read or rand_read or latency")
@@ -90,6 +93,7 @@ def test_a_pipeline_gate_calls_a_straddling_failure_inconclusive(tmp_path):
     assert not v.inconclusive
 
 
+@pytest.mark.slow
 def test_a_pipeline_gate_still_fails_a_whole_interval_under_its_floor(tmp_path):
     """A floor ten times over the fastest repetition: every repetition misses it, so the run
     fails even where a straddling median would only be inconclusive."""

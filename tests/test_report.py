@@ -64,6 +64,7 @@ def summary_globals(results: Path) -> dict:
 # ------------------------------------------------------------------ the summary
 
 
+@pytest.mark.slow
 def test_terminal_summary_is_a_table_per_family_with_sources(tiny_run):
     proc, _, record = tiny_run
     out = proc.stdout
@@ -114,6 +115,7 @@ def failed_run(tmp_path_factory):
     return results, load_record(results)
 
 
+@pytest.mark.slow
 def test_a_failed_runs_front_page_names_the_criterion(failed_run):
     _, record = failed_run
     shown = report.front_page([record])
@@ -146,6 +148,7 @@ def test_the_first_page_counts_the_not_judged_and_puts_the_caveats_before_the_ta
 
 
 @needs_allure
+@pytest.mark.slow
 def test_the_gate_follows_the_profiles_severity(failed_run, tmp_path):
     results, _ = failed_run
     gated = qual("report", str(results), "--out", str(tmp_path / "report"))
@@ -320,6 +323,7 @@ def test_a_baseline_of_another_profile_is_refused_before_any_io(tiny_run, tmp_pa
     assert not (tmp_path / ".qual").exists()
 
 
+@pytest.mark.slow
 def test_the_run_gates_against_its_baseline_and_charts_it(tiny_run, tmp_path):
     _, results, record = tiny_run
     better = planted(record, "seq_read_bw", 100.0, tmp_path / "better.json")
@@ -334,6 +338,7 @@ def test_the_run_gates_against_its_baseline_and_charts_it(tiny_run, tmp_path):
 
 
 @needs_allure
+@pytest.mark.slow
 def test_report_builds_once_into_history_and_opens_from_disk(tiny_run, tmp_path):
     _, results, record = tiny_run
     out = tmp_path / "report"
@@ -359,6 +364,7 @@ def test_report_builds_once_into_history_and_opens_from_disk(tiny_run, tmp_path)
 
 
 @needs_allure
+@pytest.mark.slow
 def test_a_failed_runs_report_shows_the_verdict_first(failed_run, tmp_path):
     """Both pages opened from disk in a headless Chromium, as a report someone sent is opened.
     qual's first page: the verdict, the drive, the profile, qual's counts, the failing
@@ -449,6 +455,7 @@ def test_report_never_overwrites_a_folder_it_did_not_make(tiny_run, tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
 def test_two_loop_devices_in_one_xdist_run_give_two_records(tmp_path, loop_device):
     mounts = [loop_device.mount(loop_device(256 << 20, name=f"drive{i}.img")) for i in range(2)]
     proc, results = run_suite(tmp_path, "-n", "2", *(f"--qual-target={m}" for m in mounts))
@@ -485,6 +492,7 @@ def test_several_baselines_must_match_the_targets(tmp_path):
 # ------------------------------------------------------------------ progress
 
 
+@pytest.mark.slow
 def test_long_workloads_show_progress_unless_quiet(tmp_path):
     (tmp_path / "loud").mkdir()
     (tmp_path / "quiet").mkdir()
@@ -495,6 +503,7 @@ def test_long_workloads_show_progress_unless_quiet(tmp_path):
     assert quiet.returncode == Exit.INCOMPLETE  # only the training criteria judged
 
 
+@pytest.mark.slow
 def test_progress_under_xdist_names_the_worker(tmp_path):
     proc, _ = run_suite(tmp_path, "-n", "2", suite="test_training_io.py", profile=TINY_ALL)
     assert proc.returncode == Exit.INCOMPLETE, proc.stdout[-2000:]

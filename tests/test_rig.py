@@ -25,6 +25,7 @@ from testbed import (TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, 
                      run_suite, serial_of, sh)
 
 
+@pytest.mark.slow
 def test_a_clones_own_test_timeout_never_reaches_a_qualification(tmp_path):
     """A clone whose test configuration cuts every test at 1 s: a suite test of 3 s still
     passes, whether pytest is pointed at the clone's suites or `qual run` runs from there, and
@@ -52,6 +53,7 @@ def test_a_clones_own_test_timeout_never_reaches_a_qualification(tmp_path):
         assert cell["outcome"] == "passed" and cell["duration_s"] > 2.5
 
 
+@pytest.mark.slow
 def test_each_test_is_limited_by_its_own_plan(tmp_path):
     proc = subprocess.run(["qual", "run", "--profile", str(TINY_PROFILE), "--plan", "--json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -64,6 +66,7 @@ def test_each_test_is_limited_by_its_own_plan(tmp_path):
     assert "each test's time limit: 4 x its most + 10 min" in said
 
 
+@pytest.mark.slow
 def test_a_subset_judges_what_it_selects(tmp_path):
     """-k keeps the latency test out: its criterion is listed once as not selected and the
     run passes on what it judged; nothing is INCOMPLETE."""
@@ -79,6 +82,7 @@ def test_a_subset_judges_what_it_selects(tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_selected_test_that_cannot_judge_still_leaves_the_run_incomplete(tmp_path, tmpfs):
     """The subset's own criterion is UNVERIFIED (tmpfs has no device counters): INCOMPLETE,
     exit 6, while the criterion it left out is only not selected."""
@@ -119,6 +123,7 @@ def test_inner_progress_on_a_terminal_is_one_line_in_place():
     assert rewritten == [f"step {i}" for i in range(5)] and not said and ended == [True]
 
 
+@pytest.mark.slow
 def test_a_long_cell_says_how_far_it_is_as_it_runs(tmp_path):
     """A bandwidth cell of hours says, while it runs, how long it has run of its runtime and
     its bandwidth so far (the run's Inner shows one of these every 10 s)."""
@@ -143,6 +148,7 @@ def test_the_eta_learns_the_runs_rate():
     assert line.startswith("[2/3] b") and "ETA 1 min 00 s" in line
 
 
+@pytest.mark.slow
 def test_a_run_says_where_it_is_and_keeps_a_familys_progress_short(tmp_path):
     """[i/N] with the elapsed time and an ETA as each test starts; the KV cache's progress
     (a line per batch before) is at most a line every 10 s and the last."""
@@ -232,6 +238,7 @@ PHASES = {  # phase -> (qual run -k, profile, when to kill)
 
 
 @pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.slow
 def test_no_process_outlives_a_killed_qual_on_a_file_target(tmp_path, phase):
     select, profile, ready = PHASES[phase]
     (tmp_path / "drive").mkdir()
@@ -240,6 +247,7 @@ def test_no_process_outlives_a_killed_qual_on_a_file_target(tmp_path, phase):
     assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
 
 
+@pytest.mark.slow
 def test_no_rank_outlives_a_killed_checkpoint_restore(tmp_path):
     (tmp_path / "drive").mkdir()
     common = ["--model", "llama3.1-8b", "--tp", "2", "--scale", "0.002", "--passes", "1",
@@ -255,6 +263,7 @@ def test_no_rank_outlives_a_killed_checkpoint_restore(tmp_path):
     assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
 
 
+@pytest.mark.slow
 def test_no_kvcache_client_outlives_a_killed_qual(tmp_path):
     """Two KV-cache clients (the release's ranks) in the middle of a 30 s trial: 2 s after
     kill -9 of qual, neither is left."""
@@ -268,6 +277,7 @@ def test_no_kvcache_client_outlives_a_killed_qual(tmp_path):
 
 @needs_root
 @pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.slow
 def test_a_killed_qual_on_a_raw_namespace_leaves_no_process_no_hold_and_a_device_to_clean(
         tmp_path, ram_device, phase):
     """The checkpoint ranks, the GNN gather server and the training readers work on qual's
@@ -302,6 +312,7 @@ patterns = ["seq_read", "rand_read"]
 
 
 @needs_root
+@pytest.mark.slow
 def test_raw_reads_read_blocks_the_run_wrote(tmp_path, ram_device):
     """A blank RAM-backed namespace: its unwritten blocks read far faster than written ones
     (17 vs 6 GB/s before, the first repetition). The region is written before the first read,
@@ -352,6 +363,7 @@ def _journaled(results: Path) -> int:
         return -1
 
 
+@pytest.mark.slow
 def test_a_run_killed_at_any_point_resumes_to_the_same_tests_and_verdict(tmp_path):
     """kill -9 inside the first test, in the middle of the repeated cells and inside the
     training suite (whose tests share one run); each resumed run has the uninterrupted run's
@@ -394,6 +406,7 @@ def test_a_run_killed_at_any_point_resumes_to_the_same_tests_and_verdict(tmp_pat
         assert not (results / "qual-journal.json").exists()  # finished: the record stands
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
     results = tmp_path / "qual-results"
     proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "run", "--profile",
@@ -422,6 +435,7 @@ COMMAND_TIMEOUT = 2.0
 
 
 @needs_root
+@pytest.mark.slow
 def test_one_drive_of_a_rig_stops_and_fails_alone(tmp_path, ram_device, misbehaving):
     """Three drives under `qual run -n 3`: two RAM-backed namespaces and one that stops
     answering everything after 400 requests. The watchdog of its worker ends that worker: its
@@ -460,6 +474,7 @@ def test_one_drive_of_a_rig_stops_and_fails_alone(tmp_path, ram_device, misbehav
     assert broken["message"].startswith("Stalled: ")
 
 
+@pytest.mark.slow
 def test_a_stall_an_earlier_run_noted_decides_nothing_now(tmp_path):
     """A rig run that stalled left its note beside a drive's record; the next run on the same
     results folder runs every test of that drive (the note is an earlier run's, not this
@@ -511,6 +526,7 @@ def _take_away(dev: str, when) -> threading.Thread:
 
 
 @needs_root
+@pytest.mark.slow
 def test_a_drive_that_goes_away_mid_run_fails_alone(tmp_path, ram_device):
     """Three drives under `qual run -n 3`; one goes away (its capacity 0, detached) once its
     first test has finished. The test that meets it is ERROR with `device gone` and what it

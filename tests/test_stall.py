@@ -65,6 +65,7 @@ def _threads_in(call: str) -> int:
     return found
 
 
+@pytest.mark.slow
 def test_psync_has_one_read_in_flight_whatever_the_depth(stalled_file):
     """psync is synchronous, as fio's is: a job asking for depth 8 has one read outstanding,
     decided where the queue opens (ioq_open), not by each client."""
@@ -88,6 +89,7 @@ def test_psync_has_one_read_in_flight_whatever_the_depth(stalled_file):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_ctrl_c_during_a_stall_returns_within_2_s(stalled_file, backend):
     """Ctrl-C one second into a read that never completes (the command timeout is 30 s)."""
     sent: list[float] = []
@@ -107,6 +109,7 @@ def test_ctrl_c_during_a_stall_returns_within_2_s(stalled_file, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_a_persistent_eagain_is_an_error_after_a_bounded_back_off(tmp_path, backend):
     path = tmp_path / "data.bin"
     write_pattern_file(path, MiB, seed=1)
@@ -170,6 +173,7 @@ def ends_within_the_bound(storage, tmp_path: Path, command: str, *args: str) -> 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_qual_io_ends_when_the_storage_stops_answering_everything(misbehaving, tmp_path,
                                                                    backend):
     """Reads, lookups, closes: nothing is answered once the server stops (after 900 requests,
@@ -184,6 +188,7 @@ def test_qual_io_ends_when_the_storage_stops_answering_everything(misbehaving, t
                      r"outstanding for 2\.\d s", err), err
 
 
+@pytest.mark.slow
 def test_qual_checkpoint_ends_when_the_storage_stops_during_a_write(misbehaving, tmp_path):
     """The first write of a rank file is never answered, nor anything after it: the rank
     processes sit in the kernel, and the command still ends."""
@@ -192,6 +197,7 @@ def test_qual_checkpoint_ends_when_the_storage_stops_during_a_write(misbehaving,
                           "--tp", "2", "--scale", "1e-4", "--count", "3")
 
 
+@pytest.mark.slow
 def test_qual_checkpoint_read_only_ends_when_the_storage_stops_during_the_restore(
         misbehaving, tmp_path):
     storage = misbehaving("--stop-on", "READ:rank-")
@@ -204,6 +210,7 @@ def test_qual_checkpoint_read_only_ends_when_the_storage_stops_during_the_restor
                           str(storage.point / "qual-checkpoints" / "ckpt-000001"))
 
 
+@pytest.mark.slow
 def test_qual_train_ends_when_the_storage_stops_during_an_epoch(misbehaving, tmp_path):
     storage = misbehaving("--stop-on", "READ:train/")
     ends_within_the_bound(storage, tmp_path, "train", "--target", str(storage.point),
@@ -215,6 +222,7 @@ def test_qual_train_ends_when_the_storage_stops_during_an_epoch(misbehaving, tmp
     ("WRITE:qual-igbh", None),  # generating the dataset
     ("READ:node_feat", "a page fault"),  # the features, read through a memory map
 ])
+@pytest.mark.slow
 def test_qual_gnn_ends_when_the_storage_stops(misbehaving, tmp_path, stop_on, stuck_in):
     storage = misbehaving("--stop-on", stop_on)
     err = ends_within_the_bound(storage, tmp_path, "gnn", "--target", str(storage.point),
@@ -223,6 +231,7 @@ def test_qual_gnn_ends_when_the_storage_stops(misbehaving, tmp_path, stop_on, st
     assert stuck_in is None or f"Stalled: {stuck_in}" in err, err
 
 
+@pytest.mark.slow
 def test_a_run_whose_storage_stops_records_the_error_and_skips_the_rest(misbehaving, tmp_path):
     """A two-cell `qual run`: the cell that stalled is ERROR, the other is skipped for it, the
     record and the Allure results are written (elsewhere), exit 1, within the bound."""

@@ -157,6 +157,7 @@ with Store.open(url) as db:
 """
 
 
+@pytest.mark.slow
 def test_eight_rigs_store_fifty_runs_each_at_once_every_run_once(store_url, tmp_path):
     template = tmp_path / "record.json"
     template.write_text(json.dumps(a_record()))
@@ -174,6 +175,7 @@ def test_eight_rigs_store_fifty_runs_each_at_once_every_run_once(store_url, tmp_
                            "measurements m WHERE m.run_id = r.id) <> 2") == [(0,)]
 
 
+@pytest.mark.slow
 def test_a_writer_killed_mid_write_leaves_no_partial_run(store_url, tmp_path):
     """SIGKILL while runs are being stored, again and again: every run there is whole."""
     template = tmp_path / "record.json"
@@ -194,6 +196,7 @@ def test_a_writer_killed_mid_write_leaves_no_partial_run(store_url, tmp_path):
     assert len(counts) >= 5 and {n for _, n in counts} == {400}, counts
 
 
+@pytest.mark.slow
 def test_a_run_whose_store_cannot_be_reached_keeps_its_record_and_its_exit_status(tmp_path,
                                                                                  postgres):
     """The store is down when the run ends: the record stays on disk, the run says `not
@@ -214,6 +217,7 @@ def test_a_run_whose_store_cannot_be_reached_keeps_its_record_and_its_exit_statu
     assert rows(url, "SELECT id, verdict FROM runs") == [(record["run_id"], "PASS")]
 
 
+@pytest.mark.slow
 def test_a_run_stores_its_record_as_it_ends(tmp_path, store_url):
     results = tmp_path / "results"
     proc = qual("run", "--profile", str(TINY_PROFILE), "--target", str(tmp_path / "t.dat"),
@@ -287,6 +291,7 @@ def test_a_selector_picks_a_model_s_firmware_one_drive_or_the_newest_runs(store_
             store.parse_selector(bad)
 
 
+@pytest.mark.slow
 def test_the_gate_pools_its_baseline_from_the_store(store_url, tmp_path):
     """`qual compare --store … --baseline 'model=X firmware=1.0' NEW`: every run of the old
     firmware pooled (their repetitions together), the same three answers as with files."""
@@ -316,6 +321,7 @@ def test_the_gate_pools_its_baseline_from_the_store(store_url, tmp_path):
     assert proc.returncode == Exit.USAGE and "no run of profile ci" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_gates_against_the_store_s_runs_of_its_drive(tmp_path, store_url):
     """`qual run --store … --qual-baseline serial=S`: the baseline is the store's runs of that
     drive; the record says where it came from and holds the gate's answers."""
@@ -335,6 +341,7 @@ def test_a_run_gates_against_the_store_s_runs_of_its_drive(tmp_path, store_url):
     assert gated and all(f"[baseline: store serial='{serial}'" in r["line"] for r in gated)
 
 
+@pytest.mark.slow
 def test_a_family_command_with_a_profile_stores_its_run_judged_on_its_own_criteria(
         tmp_path, store_url):
     proc = qual("integrity", "--profile", "ci", "--target", str(tmp_path / "t"), "--store",
@@ -400,6 +407,7 @@ Store.open(url).close()
 """
 
 
+@pytest.mark.slow
 def test_eight_rigs_opening_a_new_store_at_once_migrate_it_once(store_url, tmp_path, request):
     """Rigs started together on a store nobody opened yet: one migrates it, the others wait
     for it (SQLite's BEGIN IMMEDIATE, PostgreSQL's advisory lock), and none fails."""

@@ -315,6 +315,7 @@ def test_train_command_json(tmp_path):
     assert not (tmp_path / dataset.FOLDER).exists()  # removed unless --keep
 
 
+@pytest.mark.slow
 def test_training_suite_judges_and_says_the_dataset_is_too_small(tmp_path):
     proc, results = run_suite(tmp_path, "--qual-seed", "12345", suite="test_training_io.py",
                               profile=TINY_ALL)
@@ -335,6 +336,7 @@ def test_training_suite_judges_and_says_the_dataset_is_too_small(tmp_path):
     assert len(charts) == 2
 
 
+@pytest.mark.slow
 def test_a_criterion_above_the_simulators_ceiling_is_refused(tmp_path):
     """With 0.5 ms of compute per step the simulator cannot reach 99.9 % AU even without
     storage; a profile asking for it gets an error, not a verdict."""

@@ -24,6 +24,7 @@ def qual(*args: str, cwd) -> subprocess.CompletedProcess:
 
 
 @needs_root
+@pytest.mark.slow
 def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, ram_device,
                                                                        loop_device):
     """`qual vectordb --profile ci` on ext4 over a RAM-backed loop device: PASS; recall@10 at
@@ -47,7 +48,7 @@ def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, r
     assert searches[10]["recall"] <= searches[100]["recall"]
     build = doc["build"]
     assert build["truth"]["device_truth"] == "counted" and build["written"] >= build["index_bytes"]
-    assert build["disk_index_bytes"] == index_bytes({"vectors": 20000, "dimensions": 128,
+    assert build["disk_index_bytes"] == index_bytes({"vectors": 10000, "dimensions": 128,
                                                      "graph_degree": 32})
     assert doc["pq_chunks"] == pq_chunks({"dimensions": 128, "pq_ratio": 0.125})
     assert not (folder / "qual-vectordb").exists()
@@ -96,6 +97,7 @@ def test_the_plan_refuses_an_index_the_host_cannot_hold(tmp_path):
 
 
 @needs_root
+@pytest.mark.slow
 def test_qual_fit_scales_the_vectors_to_the_target_s_room(tmp_path, loop_device):
     """A million vectors of 128 dimensions (about 1.2 GiB with the index) on a 256 MiB drive:
     refused without --qual-fit, scaled to fewer vectors with it, nothing written either way."""
