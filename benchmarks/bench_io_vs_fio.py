@@ -28,11 +28,12 @@ CASES = [  # (rw, block size, depth)
 ]
 
 
-def run_fio(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float) -> dict:
+def run_fio(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float,
+            extra: tuple[str, ...] = ()) -> dict:
     cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={bs}",
            f"--iodepth={depth}", "--numjobs=1", f"--size={size}", f"--runtime={runtime}",
            "--time_based=1", "--direct=1", "--ioengine=io_uring", "--randrepeat=0",
-           "--output-format=json"]
+           "--output-format=json", *extra]  # the engine's own options after --ioengine
     if "write" in rw:
         cmd.append("--end_fsync=1")
     doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -43,11 +44,13 @@ def run_fio(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float)
     return {"bw": side["bw_bytes"], "iops": side["iops"], "cpu_per_io": cpu / side["total_ios"]}
 
 
-def run_qual(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float) -> dict:
+def run_qual(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float,
+             env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "qual.cli", "io", f"--target={path}", f"--rw={rw}",
            f"--bs={bs}", f"--iodepth={depth}", "--numjobs=1", f"--size={size}",
            f"--runtime={runtime}", "--direct=1", "--engine=io_uring", "--json"]
-    doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                    env=env).stdout)
     return {"bw": doc["bw_bytes"], "iops": doc["iops"], "cpu_per_io": doc["cpu_s"] / doc["ops"]}
 
 

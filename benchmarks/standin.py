@@ -42,3 +42,20 @@ def ram_stand_in(size: int):
         subprocess.run(["losetup", "--detach", dev], capture_output=True)
         shutil.rmtree(backing.parent, ignore_errors=True)
         point.rmdir()
+
+
+@contextmanager
+def raw_stand_in(size: str):
+    """A raw RAM-backed loop device of `size` (its memory taken up front, O_DIRECT through to
+    it), for reads only; detached afterwards."""
+    from qual.units import parse_size
+
+    backing = Path(tempfile.mkdtemp(dir=SHM, prefix="qual-bench-")) / "drive.img"
+    with open(backing, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, parse_size(size))
+    dev = _sh("losetup", "--find", "--show", "--direct-io=on", str(backing))
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "--detach", dev], capture_output=True)
+        shutil.rmtree(backing.parent, ignore_errors=True)

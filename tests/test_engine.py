@@ -3,6 +3,8 @@
 import errno
 import os
 import pickle
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -370,3 +372,43 @@ def test_a_mixed_job_with_verify_writes_the_pattern_and_checks_what_it_reads(tmp
         flip_byte(target.path, (3 << 20) + block * 4096 + 100)
     with pytest.raises(DataMismatch):
         engine.run_job(replace(mixed, rwmixread=90, bytes=32 << 20))
+
+
+URING_FEATURES = {  # what each feature looks like in the engine's system calls (strace; an
+    # older strace writes SINGLE_ISSUER | DEFER_TASKRUN as 0x3000)
+    "defer_taskrun": r"IORING_SETUP_DEFER_TASKRUN|flags=0x3000\b",
+    "fixed_files": r"IORING_REGISTER_FILES,",
+    "fixed_buffers": r"IORING_REGISTER_BUFFERS,",
+    "registered_ring": r"IORING_ENTER_REGISTERED_RING",
+}
+
+
+def _uring_calls(tmp_path, without: str = "") -> str:
+    """The io_uring system calls of one `qual io` job on a file, traced."""
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed (scripts/setup installs it)")
+    trace = tmp_path / f"strace-{without or 'all'}.txt"
+    env = {**os.environ, "QUAL_URING_WITHOUT": without}
+    proc = subprocess.run(["strace", "-f", "-o", str(trace), "-e",
+                           "trace=io_uring_setup,io_uring_register,io_uring_enter",
+                           sys.executable, "-m", "qual.cli", "io", "--target", str(tmp_path),
+                           "--rw", "randread", "--bs", "4k", "--iodepth", "8", "--size", "8M",
+                           "--runtime", "0.1s", "--engine", "io_uring", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return trace.read_text()
+
+
+@pytest.mark.slow
+def test_each_io_uring_feature_is_used_and_can_be_left_out(tmp_path):
+    """Where the kernel offers them (this one does), a job's ring has deferred task work, its
+    file and buffers registered and its own descriptor registered (entered by index); each
+    named in QUAL_URING_WITHOUT is left out and the others kept, and the job still runs."""
+    calls = _uring_calls(tmp_path)
+    for feature, seen in URING_FEATURES.items():
+        assert re.search(seen, calls), feature
+    for feature, seen in URING_FEATURES.items():
+        calls = _uring_calls(tmp_path, without=feature)
+        assert not re.search(seen, calls), feature
+        assert all(re.search(other, calls) for name, other in URING_FEATURES.items()
+                   if name != feature), feature

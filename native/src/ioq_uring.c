@@ -1,6 +1,13 @@
 /* ioq_uring.c — the io_uring backend of the queue, by raw syscalls (no liburing): a ring on one
  * descriptor with the queue's buffers registered. It stages, submits, waits (with a timeout, so
- * the queue's loop always gets control back) and reaps; the loop itself is ioq.c's. */
+ * the queue's loop always gets control back) and reaps; the loop itself is ioq.c's.
+ *
+ * Each feature that cuts the kernel's cost per I/O is used where the kernel offers it, and the
+ * plain path kept where it does not: a single-issuer ring with deferred task work (else
+ * cooperative task work), the target registered (fixed file), the buffers registered (fixed
+ * buffers), and the ring's own descriptor registered (entered by index). QUAL_URING_WITHOUT, a
+ * comma list of defer_taskrun, coop_taskrun, fixed_files, fixed_buffers and registered_ring,
+ * leaves those out: benchmarks/bench_uring_features.py measures each against the one before. */
 #include <errno.h>
 #include <linux/io_uring.h>
 #include <stdlib.h>
@@ -23,9 +30,15 @@
 #ifndef IORING_SETUP_DEFER_TASKRUN
 #define IORING_SETUP_DEFER_TASKRUN (1U << 13)
 #endif
+#ifndef IORING_ENTER_REGISTERED_RING
+#define IORING_ENTER_REGISTERED_RING (1U << 4)
+#define IORING_REGISTER_RING_FDS 20
+#define IORING_UNREGISTER_RING_FDS 21
+#endif
 
 struct ring {
     int fd;
+    int ring_index;           /* the ring's registered descriptor (entered by index), or -1 */
     int target_fd;
     int force_async;          /* IOSQE_ASYNC on every I/O: the file cannot issue non-blocking */
     int fixed_file;
@@ -68,6 +81,18 @@ static int sys_register(int fd, unsigned opcode, const void *arg, unsigned nr)
     return (int)syscall(__NR_io_uring_register, fd, opcode, arg, nr);
 }
 
+/* Whether QUAL_URING_WITHOUT names the feature. */
+static int without(const char *feature)
+{
+    const char *list = getenv("QUAL_URING_WITHOUT");
+    size_t n = strlen(feature);
+    for (const char *at = list; at && (at = strstr(at, feature)) != NULL; at += n) {
+        if ((at == list || at[-1] == ',') && (at[n] == '\0' || at[n] == ','))
+            return 1;
+    }
+    return 0;
+}
+
 /* io_uring must bound its waits (IORING_FEAT_EXT_ARG, Linux 5.11): without it, psync is used. */
 static int uring_probe(void)
 {
@@ -92,8 +117,11 @@ static int create_ring(unsigned entries, struct io_uring_params *p, int single_i
         IORING_SETUP_COOP_TASKRUN,
         0,
     };
+    static const char *names[] = {"defer_taskrun", "coop_taskrun", NULL};
     int fd = -1;
     for (size_t i = single_issuer ? 0 : 1; i < sizeof(tries) / sizeof(tries[0]); i++) {
+        if (names[i] && without(names[i]))
+            continue;
         memset(p, 0, sizeof(*p));
         p->flags = tries[i];
         fd = sys_setup(entries, p);
@@ -167,6 +195,12 @@ static void uring_close(void *state, int wedged)
      * Unregistering waits until the ring no longer uses them. */
     if (r->fd >= 0 && r->fixed_file)
         sys_register(r->fd, IORING_UNREGISTER_FILES, NULL, 0);
+    if (r->ring_index >= 0) { /* a task holds 16 at most: give the slot back */
+        struct io_uring_rsrc_update up;
+        memset(&up, 0, sizeof(up));
+        up.offset = (unsigned)r->ring_index;
+        sys_register(r->fd, IORING_UNREGISTER_RING_FDS, &up, 1);
+    }
     if (r->fd >= 0)
         close(r->fd);
     free(r);
@@ -204,6 +238,7 @@ static int uring_open(const struct ioq_opts *o, void *bufs, size_t bufs_len, voi
     if (!r)
         return qual_set_error(-ENOMEM, "cannot allocate a ring");
     r->fd = -1;
+    r->ring_index = -1;
     r->target_fd = o->fd;
     r->force_async = !issues_without_blocking(o->fd);
     r->buf_len = o->buf_len;
@@ -223,7 +258,15 @@ static int uring_open(const struct ioq_opts *o, void *bufs, size_t bufs_len, voi
     int rc = map_rings(r, &p);
     if (rc)
         return rc;
-    r->fixed_file = r->target_fd >= 0 &&
+    /* only the task that registered the ring's descriptor may enter by it: a single issuer */
+    struct io_uring_rsrc_update up;
+    memset(&up, 0, sizeof(up));
+    up.offset = -1U; /* any free slot */
+    up.data = (uint64_t)r->fd;
+    if (o->single_issuer && !without("registered_ring") &&
+        sys_register(r->fd, IORING_REGISTER_RING_FDS, &up, 1) == 1)
+        r->ring_index = (int)up.offset;
+    r->fixed_file = r->target_fd >= 0 && !without("fixed_files") &&
                     sys_register(r->fd, IORING_REGISTER_FILES, &r->target_fd, 1) == 0;
     if (!r->bufs)
         return 0; /* the client brings its own memory */
@@ -238,7 +281,7 @@ static int uring_open(const struct ioq_opts *o, void *bufs, size_t bufs_len, voi
     }
     /* registered buffers save a page pin per I/O; without them (a locked-memory limit, an old
      * kernel) plain reads and writes work */
-    r->fixed_bufs = units <= UINT16_MAX + 1u &&
+    r->fixed_bufs = units <= UINT16_MAX + 1u && !without("fixed_buffers") &&
                     sys_register(r->fd, IORING_REGISTER_BUFFERS, iov, units) == 0;
     free(iov);
     return 0;
@@ -254,7 +297,7 @@ static int uring_set_fd(void *state, int fd)
         up.fds = (uint64_t)(uintptr_t)&fd;
         if (sys_register(r->fd, IORING_REGISTER_FILES_UPDATE, &up, 1) != 1)
             r->fixed_file = 0; /* plain descriptors work as well, a little slower */
-    } else if (r->target_fd < 0 &&
+    } else if (r->target_fd < 0 && !without("fixed_files") &&
                sys_register(r->fd, IORING_REGISTER_FILES, &fd, 1) == 0) {
         r->fixed_file = 1;
     }
@@ -323,7 +366,9 @@ static int uring_enter(void *state, int submit, int wait, uint64_t timeout_ns)
     memset(&arg, 0, sizeof(arg));
     arg.ts = (uint64_t)(uintptr_t)&ts;
     unsigned flags = wait ? IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG : 0;
-    int ret = sys_enter(r->fd, to_submit, wait > 0 ? (unsigned)wait : 0, flags, wait ? &arg : NULL,
+    if (r->ring_index >= 0)
+        flags |= IORING_ENTER_REGISTERED_RING;
+    int ret = sys_enter(r->ring_index >= 0 ? r->ring_index : r->fd, to_submit, wait > 0 ? (unsigned)wait : 0, flags, wait ? &arg : NULL,
                         wait ? sizeof(arg) : 0);
     if (ret >= 0)
         return 0;
