@@ -127,9 +127,9 @@ def test_the_profile_chooses_qual_s_filesystem_and_its_tool_is_checked_first(tmp
 @needs_root
 @pytest.mark.slow
 def test_kept_data_adds_up_family_by_family(tmp_path, ram_device):
-    """On 1.25 GiB, qual's filesystem offers about 1.23 GB: each ci file family fits alone (the
-    GNN's 0.9 GB the most), all three kept to the end (1.27 GB) do not."""
-    dev = ram_device(int(1.25 * 2**30))
+    """On 700 MiB, qual's filesystem offers 609 MiB: each ci file family fits alone (the
+    GNN's 429 MiB the most), all four kept to the end (798 MiB) do not."""
+    dev = ram_device(700 << 20)
     args = ["run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
             serial_of(dev), "--plan", "--json"]
     alone = json.loads(qual(*args, cwd=tmp_path).stdout)
@@ -137,7 +137,7 @@ def test_kept_data_adds_up_family_by_family(tmp_path, ram_device):
     kept = json.loads(qual(*args, "--qual-keep-scratch", cwd=tmp_path).stdout)
     (why,) = kept["refusals"]
     assert why.startswith("--qual-keep-scratch keeps every file family's data")
-    roomy = ram_device(CI_DEVICE)  # 1.88 GB: the three families' 1.27 GB fit, kept or not
+    roomy = ram_device(CI_DEVICE)  # 1.88 GB: the four families' 798 MiB fit, kept or not
     args[2], args[5] = roomy, serial_of(roomy)
     assert json.loads(qual(*args, "--qual-keep-scratch", cwd=tmp_path).stdout)["refusals"] == []
 
