@@ -61,6 +61,9 @@ BY_FD = {"read", "write", "close", "fstat", "ioctl", "pread64", "pwrite64", "rea
          "pwritev2", "io_uring_enter", "syncfs", "copy_file_range"}
 OFFSET_ARG = {"pread64": 3, "pwrite64": 3, "preadv": 3, "pwritev": 3, "preadv2": 3,
               "pwritev2": 3, "sync_file_range": 1, "fallocate": 2}
+IORING_ENTER_REGISTERED_RING = 1 << 4  # io_uring_enter's first argument is then no descriptor,
+#                                      but the ring's slot among the thread's registered rings
+IO_URING = "io_uring submission or completion"
 NOT_STORAGE = ("pipe:", "socket:", "anon_inode:[eventfd]", "anon_inode:[eventpoll]",
                "anon_inode:[timerfd]", "anon_inode:[signalfd]", "/dev/pts/", "/dev/tty",
                "/dev/null", "/dev/ptmx", "/proc/", "/sys/", "/dev/urandom", "/dev/random",
@@ -153,6 +156,8 @@ def _storage_call(pid: int, line: str, files: dict,
     if call not in BY_FD:
         return call, None, None  # a path: lookups on a dead file system wait here
     fd = args[0]
+    if call == "io_uring_enter" and args[3] & IORING_ENTER_REGISTERED_RING:
+        return call, IO_URING, None  # fd 0 would name standard input, and be passed over
     try:
         file = files[(pid, fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
     except OSError:
@@ -168,7 +173,7 @@ def _storage_call(pid: int, line: str, files: dict,
         info = _read(f"/proc/{pid}/fdinfo/{fd}") or ""
         pos = [x.split()[1] for x in info.splitlines() if x.startswith("pos:")]
         offset = int(pos[0]) if pos else None
-    return call, ("io_uring submission or completion" if "io_uring" in file else file), offset
+    return call, (IO_URING if "io_uring" in file else file), offset
 
 
 _RUNNING: set["Watchdog"] = set()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from qual.engine import Fault, IoJob, QualError, Stalled, run_job
+from qual.watchdog import IO_URING, Stall, Watchdog
 
 from testbed import cells_profile, time_limit, write_pattern_file
 
@@ -63,6 +64,35 @@ def _threads_in(call: str) -> int:
             continue
         found += line.split()[0] == str(number)
     return found
+
+
+def test_the_watchdog_sees_a_ring_entered_by_its_registered_slot(misbehaving):
+    """Where one thread issues, the engine enters its io_uring by the ring's registered slot
+    (IORING_ENTER_REGISTERED_RING): the call's first argument is then no descriptor, and slot 0
+    reads as standard input. A read the storage never answers, with the engine's own clock far
+    off (a checkpoint rank's), is still a stall on the ring for the watchdog."""
+    storage = misbehaving("--stall-reads", "stall.dat", size=MiB)
+    fired: list[Stall] = []
+    ended: list[BaseException] = []
+
+    def job():
+        try:
+            run_job(stall_job(storage.file, "io_uring", command_timeout=30.0))
+        except QualError as e:
+            ended.append(e)
+
+    worker = threading.Thread(target=job)
+    started = time.monotonic()
+    with Watchdog(1.0, fired.append):
+        worker.start()
+        while not fired and time.monotonic() - started < 5:
+            time.sleep(0.1)
+    storage.close()  # the connection aborts: the read fails and the job ends
+    worker.join(10)
+    assert ended and not worker.is_alive()
+    assert fired, "the watchdog did not see the read the storage never answered"
+    assert fired[0].call == "io_uring_enter" and fired[0].file == IO_URING, fired[0]
+    assert 1.0 < fired[0].age < 2.5
 
 
 @pytest.mark.slow
