@@ -1,6 +1,10 @@
-"""A real PostgreSQL server for the store's tests: Debian's own binaries (initdb, pg_ctl) on a
+"""A real PostgreSQL server for the store's tests: Debian's own binaries (initdb, postgres) on a
 scratch folder and a free loopback port, run as the `postgres` user (PostgreSQL refuses root),
-stopped and removed at the end. Each test gets a database of its own."""
+stopped and removed at the end. Each test gets a database of its own.
+
+The server is this process's own child, never pg_ctl's daemon: it dies with the tests however
+they end (SIGTERM, kill -9), as every process qual starts dies with its qual, and its own
+workers end once it is gone."""
 
 from __future__ import annotations
 
@@ -8,9 +12,11 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -58,19 +64,46 @@ class PostgresServer:
         os.chown(self.folder, user.pw_uid, user.pw_gid)
         self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "-U", self.user,
                           "--auth=trust", "-E", "UTF8", "--no-sync")
-        options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
-                   f"-c unix_socket_directories={self.folder} -c max_connections=100 "
-                   "-c fsync=on -c timezone=America/New_York")  # not UTC: qual must not care
-        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options,
-                          "-l", str(self.folder / "server.log"), "-w", "-t", str(START_S),
-                          "start")
+        log = open(self.folder / "server.log", "wb")
+        parent = os.getpid()
+        self.server = subprocess.Popen(
+            [str(self.bin / "postgres"), "-D", str(self.data), "-c", "listen_addresses=127.0.0.1",
+             "-c", f"port={self.port}", "-c", f"unix_socket_directories={self.folder}",
+             "-c", "max_connections=100", "-c", "fsync=on",
+             "-c", "timezone=America/New_York"],  # not UTC: qual must not care
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": user.pw_dir, "LANG": "C"},
+            preexec_fn=lambda: _become_dying_with_parent(user, parent))
+        log.close()
         self.started = True
+        self._wait_ready()
         return self
+
+    def _wait_ready(self) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + START_S
+        while True:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"postgres exited with {self.server.returncode}: "
+                                   f"{(self.folder / 'server.log').read_text()[-2000:]}")
+            try:
+                psycopg.connect(self.url(), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"postgres did not answer within {START_S} s")
+                time.sleep(0.1)
 
     def stop(self) -> None:
         if self.started:
-            self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast",
-                              "-w", "-t", str(START_S), "stop")
+            self.server.send_signal(signal.SIGINT)  # PostgreSQL's fast shutdown
+            try:
+                self.server.wait(START_S)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait(10)
             self.started = False
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -85,3 +118,20 @@ class PostgresServer:
         with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as c:
             c.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _become_dying_with_parent(user: pwd.struct_passwd, parent: int) -> None:
+    """In the server's child, before exec: the postgres user's (PostgreSQL refuses root), then
+    SIGKILL when the tests end however they end. The parent-death signal is set after the
+    user changes, since a change of user clears it."""
+    import ctypes
+
+    os.setgroups([])
+    os.setgid(user.pw_gid)
+    os.setuid(user.pw_uid)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)

@@ -13,11 +13,12 @@ import sys
 import time
 import uuid
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from pgserver import free_port
-from testbed import HERE, TINY_PROFILE, load_record, qual
+from testbed import HERE, IS_ROOT, TINY_PROFILE, load_record, qual
 
 from qual import store
 from qual.exits import Exit
@@ -426,3 +427,34 @@ def test_eight_rigs_opening_a_new_store_at_once_migrate_it_once(store_url, tmp_p
             assert o.returncode == 0, err[-2000:]
         with Store.open(url) as db:
             assert db.version() == "0001"
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL") or sys.platform != "linux", reason="Linux")
+def test_the_test_server_dies_with_the_tests_however_they_end(tmp_path):
+    """The PostgreSQL server the store's tests start is their own child: a test process killed
+    outright (no finalizer runs) leaves no server behind, nor any of its workers."""
+    from pgserver import binaries
+
+    if binaries() is None or not IS_ROOT:
+        pytest.skip("needs PostgreSQL's binaries and root (scripts/setup)")
+    tests = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+         "from pgserver import PostgresServer; s = PostgresServer().start(); "
+         "print(s.server.pid, s.folder, flush=True); time.sleep(120)", str(HERE)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        pid, folder = tests.stdout.readline().split()
+        server = [int(pid)] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children")
+                               .read_text().split()]  # the postmaster and its workers
+    finally:
+        tests.kill()
+        tests.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [p for p in server if Path(f"/proc/{p}").exists()
+                and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+        if not left:
+            break
+        time.sleep(0.1)
+    subprocess.run(["rm", "-rf", folder])
+    assert len(server) > 1 and not left, f"the server's {left} outlived the tests"
