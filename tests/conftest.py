@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -29,6 +30,64 @@ def pytest_configure(config):
     scratch = tempfile.mkdtemp(prefix="qual-test-store-")
     os.environ["QUAL_STORE"] = os.path.join(scratch, "store.sqlite")
     config.add_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    _make_turns(config)
+
+
+SOLO_WAIT_S = 1200  # the longest a test waits for its turn (a solo test waits for the others)
+
+
+def _make_turns(config) -> None:
+    """The controller's folder for the turn locks every xdist worker of this run shares
+    (QUAL_TEST_TURNS, inherited by the workers it starts later), removed at the end."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    turns = tempfile.mkdtemp(prefix="qual-test-turns-")
+    os.environ["QUAL_TEST_TURNS"] = turns
+    config.add_cleanup(lambda: shutil.rmtree(turns, ignore_errors=True))
+
+
+def _lock(fd: int, how: int, what: str) -> None:
+    deadline = time.monotonic() + SOLO_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: no turn within {SOLO_WAIT_S} s") from None
+            time.sleep(0.05)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked `solo` (one whose figure a busy host would move) runs with no other test
+    beside it on any xdist worker: every test holds the room shared, a solo test holds it
+    alone, and the gate in front of it lets no new test in while a solo test waits (so it
+    waits only for the tests already running)."""
+    turns = os.environ.get("QUAL_TEST_TURNS")
+    if not turns:
+        yield
+        return
+    solo = item.get_closest_marker("solo") is not None
+    gate = os.open(os.path.join(turns, "gate"), os.O_CREAT | os.O_RDWR, 0o600)
+    room = os.open(os.path.join(turns, "room"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        _lock(gate, fcntl.LOCK_EX, item.nodeid)
+        _lock(room, fcntl.LOCK_EX if solo else fcntl.LOCK_SH, item.nodeid)
+        if not solo:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(room)  # closing lets go of the locks
+        os.close(gate)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test), the tests marked slow go out first, in their own
+    order: the workers then fill the end of the run with short tests rather than wait on a
+    long one handed out last. Serially the order is the files' own."""
+    if config.getoption("numprocesses", default=None):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

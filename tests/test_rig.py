@@ -313,6 +313,7 @@ patterns = ["seq_read", "rand_read"]
 
 @needs_root
 @pytest.mark.slow
+@pytest.mark.solo
 def test_raw_reads_read_blocks_the_run_wrote(tmp_path, ram_device):
     """A blank RAM-backed namespace: its unwritten blocks read far faster than written ones
     (17 vs 6 GB/s before, the first repetition). The region is written before the first read,
