@@ -38,8 +38,10 @@ SOLO_WAIT_S = 1200  # the longest a test waits for its turn (a solo test waits f
 
 def _make_turns(config) -> None:
     """The controller's folder for the turn locks every xdist worker of this run shares
-    (QUAL_TEST_TURNS, inherited by the workers it starts later), removed at the end."""
-    if "PYTEST_XDIST_WORKER" in os.environ:
+    (QUAL_TEST_TURNS, inherited by the workers it starts later), removed at the end. A pytest
+    a test starts is a controller of its own, with turns of its own: it inherits its worker's
+    environment, and would otherwise wait on the turns of the run it is part of."""
+    if hasattr(config, "workerinput"):
         return
     turns = tempfile.mkdtemp(prefix="qual-test-turns-")
     os.environ["QUAL_TEST_TURNS"] = turns
