@@ -175,7 +175,7 @@ def test_the_population_report_opens_from_disk_verdict_first(store_url, tmp_path
     assert proc.returncode == Exit.FAIL and "verdict: REJECT" in proc.stdout, proc.stderr
     chrome = Chromium(browser)
     try:
-        page = chrome.loaded((out / "index.html").as_uri())
+        page = chrome.loaded((out / "index.html").as_uri(), timeout=120)  # beside other workers
         shown = chrome.evaluate(page, "document.body.innerText")
         drawn = chrome.evaluate(page, "[...document.images].map(i => i.complete && "
                                       "i.naturalWidth > 100)")
