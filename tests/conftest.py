@@ -84,12 +84,21 @@ def pytest_runtest_protocol(item, nextitem):
         os.close(gate)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test), the tests marked slow go out first, in their own
-    order: the workers then fill the end of the run with short tests rather than wait on a
-    long one handed out last. Serially the order is the files' own."""
-    if config.getoption("numprocesses", default=None):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Under pytest-xdist (scripts/test, --dist loadgroup): the tests that share a module's
+    fixture (a generated dataset, a run whose record several tests read) go to one worker,
+    which makes it once rather than once a worker; and the tests marked slow go out first, in
+    their own order, so the workers fill the end of the run with short tests rather than wait
+    on a long one handed out last. Serially the order is the files' own."""
+    if not config.getoption("numprocesses", default=None):
+        return
+    for item in items:
+        shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                        if defs and defs[-1].scope == "module")
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{'+'.join(shared)}"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture
