@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
     which makes it once rather than once a worker; and the tests marked slow go out first, in
     their own order, so the workers fill the end of the run with short tests rather than wait
     on a long one handed out last. Serially the order is the files' own."""
-    if not config.getoption("numprocesses", default=None):
+    if not hasattr(config, "workerinput"):  # a worker collects what the controller hands out
         return
     for item in items:
         shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
