@@ -93,7 +93,10 @@ def pytest_collection_modifyitems(config, items):
     on a long one handed out last. Serially the order is the files' own."""
     if not hasattr(config, "workerinput"):  # a worker collects what the controller hands out
         return
+    here = Path(__file__).resolve().parent
     for item in items:
+        if item.path.parent != here:  # a suite a test runs (tests/families) groups its own
+            continue
         shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
                         if defs and defs[-1].scope == "module")
         if shared:
