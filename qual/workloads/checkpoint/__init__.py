@@ -48,8 +48,9 @@ def _defaults(given: dict) -> dict:
     return out
 
 
-# CPU seconds a rank process takes to start on qual's reference host (2 cores, KVM): Python,
-# numpy, torch and the engine imported (`python3 -c "import torch"`: 2.3 s)
+# CPU seconds the ranks take to start on qual's reference host (2 cores, KVM): Python, numpy,
+# torch and the engine imported once, by the process that forks every local rank
+# (`python3 -c "import torch"`: 2.3 s)
 RANK_START_CPU_S = 2.3
 def _unless(procedure: str, wanted: str | None = None, said: str = ""):
     """A test's skip: a profile of another procedure, or one without the table key it needs."""
@@ -97,7 +98,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
             torch_bytes = min(table["baseline_bytes"], max(r.nbytes for r in plan.ranks))
             written += torch_bytes * processes
             read += torch_bytes * processes
-    start = RANK_START_CPU_S * rates.cpu * processes / min(processes, os.cpu_count() or 1)
+    start = RANK_START_CPU_S * rates.cpu
     return [Work("checkpoint run", start + written / rates.write_bw + read / rates.read_bw,
                  bytes_written=written, bytes_read=read, space=per_pass * one, repeated=True,
                  what=f"{per_pass} checkpoint(s) of {format_size(one)} ({table['model']}, "

@@ -48,8 +48,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# a rank process; not `-m ...ranks`, which runpy warns about since this package imports it
-RANK_MAIN = "import sys; from qual.workloads.checkpoint.ranks import main; sys.exit(main(sys.argv[1:]))"
+# the ranks' parent (ranks.local_ranks); not `-m ...ranks`, which runpy warns about since this
+# package imports it
+RANKS_MAIN = ("import sys; from qual.workloads.checkpoint.ranks import local_ranks; "
+              "sys.exit(local_ranks(sys.argv[1:]))")
 
 
 def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> dict:
@@ -63,20 +65,15 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
     job_path.write_text(job.to_json())
     base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
             "WORLD_SIZE": str(processes), "OMP_NUM_THREADS": "1"}
-    procs = []
-    for rank in range(processes):
-        log = open(workdir / f"rank-{rank:05d}.log", "wb")
-        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        # rank 0's lines reach the user through the launcher, never its stdout or stderr: a rank
-        # stuck on storage that stopped answering cannot exit, and would hold them open
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", RANK_MAIN, str(job_path)], env=env, stdout=log, stderr=log,
-            preexec_fn=watchdog.dies_with_me()))
-        log.close()
+    # rank 0's lines reach the user through the launcher, never its stdout or stderr: a rank
+    # stuck on storage that stopped answering cannot exit, and would hold them open
+    with open(workdir / "ranks.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RANKS_MAIN, str(job_path), str(processes), str(workdir)],
+            env=base, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            preexec_fn=watchdog.dies_with_me())
     try:
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode not in (None, 0) for p in procs):
-                break
+        while proc.poll() is None:
             if progress and said.exists():
                 text = said.read_text()
                 done = text[seen:text.rfind("\n") + 1]
@@ -87,7 +84,7 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
                              int(count[1]) / int(count[2]) if count else None)
             time.sleep(0.1)
     finally:
-        _stop(procs)
+        _stop(proc)
     # the cause: an engine error (ENOSPC, EIO, ...) before any other failure, since a rank
     # that lost its peer may catch that before the failing rank has caught its own
     errors = sorted((json.loads(p.read_text()) for p in Path(job.errors).glob("rank-*.json")),
@@ -97,24 +94,27 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
         cls = error_for(e["errno"])
         raise cls(e["errno"], f"rank {e['rank']}: {e['message']}", op=e.get("op"),
                   offset=e.get("offset"), target=e.get("target"))
-    if any(p.returncode != 0 for p in procs):
-        bad = next(i for i, p in enumerate(procs) if p.returncode != 0)
+    if proc.returncode != 0:
+        exits = workdir / ranks.EXITS
+        bad = next((int(r) for r, code in json.loads(exits.read_text()).items() if code), None) \
+            if exits.exists() else None
+        if bad is None:  # the ranks' parent itself failed, before or while it forked them
+            tail = (workdir / "ranks.log").read_text(errors="replace")[-2000:]
+            raise QualError(errno.EIO, f"the ranks' parent exited with {proc.returncode}: {tail}")
         tail = (workdir / f"rank-{bad:05d}.log").read_text(errors="replace")[-2000:]
-        raise QualError(errno.EIO, f"rank {bad} exited with {procs[bad].returncode}: {tail}")
+        raise QualError(errno.EIO, f"rank {bad} exited with {proc.returncode}: {tail}")
     return json.loads(Path(job.result).read_text())
 
 
-def _stop(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + 10
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def _stop(proc: subprocess.Popen) -> None:
+    """End the ranks' parent (its ranks die with it), SIGKILL where SIGTERM has not within 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None,
