@@ -15,7 +15,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 @pytest.mark.slow
 def test_every_benchmark_runs_once_in_smoke_mode(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(BENCHMARKS), "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", str(BENCHMARKS), "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
          "--benchmark-disable", f"--bench-target={tmp_path / 'bench'}", "--bench-size=16M",
          "--bench-rounds=1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

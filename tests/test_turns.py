@@ -38,7 +38,7 @@ def test_a_solo_test_runs_alone_and_the_others_side_by_side(tmp_path):
     notes = tmp_path / "notes"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "3", "-p", "conftest", "-p",
-         "no:cacheprovider", "-o", "markers=solo: alone", str(tmp_path / "test_turns_demo.py")],
+         "no:cacheprovider", "-p", "no:hypothesispytest", "-o", "markers=solo: alone", str(tmp_path / "test_turns_demo.py")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={**__import__("os").environ, "PYTHONPATH": str(HERE), "NOTES": str(notes)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -97,8 +97,11 @@ def run_suite(tmp_path: Path, *args: str, profile: Path | str = TINY_PROFILE,
     """Run a shipped suite (all of them with suite="") in a fresh pytest process from
     tmp_path; returns the process and the results folder (qual-run.json, allure-results/)."""
     results = tmp_path / "results"
+    # as `qual run` loads it: without the plugins a qualification never uses (hypothesis's
+    # import alone is about a second of CPU, in each of some 80 suite runs of the tests)
     cmd = [sys.executable, "-m", "pytest", str(shipped("suites") / suite), "-p", "no:cacheprovider",
-           "-p", "no:benchmark", f"--qual-profile={profile}", f"--qual-results={results}",
+           "-p", "no:benchmark", "-p", "no:hypothesispytest", f"--qual-profile={profile}",
+           f"--qual-results={results}",
            "-o", "console_output_style=classic", *args]
     if alluredir:
         cmd.append(f"--alluredir={results / 'allure-results'}")
