@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import itertools
 import os
 import shutil
 import signal
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pgserver import PostgresServer
-from testbed import CI_DEVICE, IS_ROOT, Misbehaving, sh, write_pattern_file
+from testbed import CI_DEVICE, IS_ROOT, Misbehaving, ram_loop, sh, write_pattern_file
 
 # The Ctrl-C tests send SIGINT to qual processes they start. A shell starts a background job
 # with SIGINT ignored, and an ignored signal stays ignored across exec, so every such child
@@ -217,23 +219,11 @@ def misbehaving(tmp_path):
 
 @pytest.fixture
 def ram_device():
-    """Factory: a blank loop device over a file in /dev/shm (the host, not a disk, is the
-    limit); detached and its file removed afterwards."""
-    made = []
-
-    def make(size: int = CI_DEVICE) -> str:
-        backing = Path("/dev/shm") / f"qual-test-{os.getpid()}-{len(made)}.img"
-        with open(backing, "wb") as f:
-            f.truncate(size)
-        dev = sh("losetup", "--find", "--show", str(backing))
-        made.append((dev, backing))
-        return dev
-
-    yield make
-    for dev, backing in made:
-        subprocess.run(["umount", dev], capture_output=True)
-        subprocess.run(["losetup", "--detach", dev], capture_output=True)
-        backing.unlink(missing_ok=True)
+    """Factory: a blank loop device over a file in /dev/shm (testbed.ram_loop); detached and
+    its file removed afterwards."""
+    names = itertools.count()
+    with contextlib.ExitStack() as made:
+        yield lambda size=CI_DEVICE: made.enter_context(ram_loop(str(next(names)), size))
 
 
 # ---------------------------------------------------------------- the results store

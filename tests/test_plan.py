@@ -184,40 +184,6 @@ def test_a_raw_namespace_without_its_serial_is_refused_once(tmp_path, ram_device
     assert sha256_of(dev) == before
 
 
-@needs_root
-@pytest.mark.slow
-@pytest.mark.solo
-def test_a_raw_namespace_qualifies_end_to_end_and_is_left_blank(tmp_path, ram_device):
-    dev = ram_device(CI_DEVICE)
-    plan = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
-                serial_of(dev), "--plan", "--json", cwd=tmp_path)
-    assert plan.returncode == 0, plan.stdout + plan.stderr
-    doc = json.loads(plan.stdout)
-    assert doc["filesystem"]["type"] == "ext4"
-    where = {t["family"]: t["where"] for t in doc["tests"]}
-    assert where == {"bandwidth": "raw", "integrity": "raw", "pts": "raw",
-                     "kvcache": "raw", "checkpoint": "filesystem", "gnn": "filesystem",
-                     "training": "filesystem", "vectordb": "filesystem"}
-    # every family of the ci profile, each figure measured once: where each runs is the
-    # question here, not its repetitions (test_repeats)
-    proc = qual("run", "--target", dev, "--qual-allow-destructive", "--qual-confirm-serial",
-                serial_of(dev), "--qual-repeats", "1", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    record = json.loads((tmp_path / "qual-results" / "qual-run.json").read_text())
-    assert record["summary"]["verdict"] == "PASS"
-    ran = {t["nodeid"].split("::")[0].split("/")[-1]: t["where"] for t in record["tests"]}
-    assert ran["test_bandwidth.py"] == ran["test_pts.py"] == ran["test_integrity.py"] == \
-        ran["test_kvcache.py"] == "raw"
-    assert ran["test_checkpoint.py"] == ran["test_gnn.py"] == ran["test_training_io.py"] == \
-        ran["test_vectordb.py"] == "filesystem"
-    order = [t["nodeid"] for t in record["tests"]]
-    assert max(i for i, n in enumerate(order) if "test_pts" in n) < \
-        min(i for i, n in enumerate(order) if "test_checkpoint" in n)  # raw suites first
-    assert record["plan"]["filesystem"]["options"][:2] == ["-E",
-                                                           "lazy_itable_init=0,lazy_journal_init=0"]
-    assert blank(dev)
-
-
 def _mounted_by(pid: int) -> bool:
     """Whether process pid, or the command it supervises (qual.watchdog.supervised), has
     qual's filesystem mounted (in its own mount namespace)."""

@@ -21,6 +21,7 @@ from qual import engine, shipped
 HERE = Path(__file__).resolve().parent
 TINY_PROFILE = HERE / "profiles" / "tiny.toml"
 TINY_ALL = HERE / "profiles" / "tiny-all.toml"
+KILL_GNN = HERE / "profiles" / "kill-gnn.toml"  # tiny-all, the GNN mmap baseline first
 IS_ROOT = os.geteuid() == 0
 
 
@@ -277,6 +278,22 @@ def qual(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedPro
 def serial_of(dev: str) -> str:
     """A loop device's stand-in serial: its backing file."""
     return sh("losetup", "--noheadings", "--output", "BACK-FILE", dev)
+
+
+@contextmanager
+def ram_loop(name: str, size: int = CI_DEVICE):
+    """A blank loop device over a file in /dev/shm (the host, not a disk, is the limit);
+    unmounted, detached and its file removed afterwards."""
+    backing = Path("/dev/shm") / f"qual-test-{os.getpid()}-{name}.img"
+    with open(backing, "wb") as f:
+        f.truncate(size)
+    dev = sh("losetup", "--find", "--show", str(backing))
+    try:
+        yield dev
+    finally:
+        subprocess.run(["umount", dev], capture_output=True)
+        subprocess.run(["losetup", "--detach", dev], capture_output=True)
+        backing.unlink(missing_ok=True)
 
 
 def blank(dev: str) -> bool:
