@@ -18,6 +18,11 @@ import pytest
 from pgserver import PostgresServer
 from testbed import CI_DEVICE, IS_ROOT, Misbehaving, ram_loop, sh, write_pattern_file
 
+# Four workers share two cores (scripts/test): torch's own threads, as many as cores in every
+# worker and every run a test starts, spin waiting for a core another worker holds. One thread
+# each, set before anything imports torch (OpenMP reads it once); a value given is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # The Ctrl-C tests send SIGINT to qual processes they start. A shell starts a background job
 # with SIGINT ignored, and an ignored signal stays ignored across exec, so every such child
 # would shrug the signal off (Python installs its KeyboardInterrupt handler only where SIGINT
