@@ -95,9 +95,11 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (scripts/test, --dist loadgroup): the tests that share a module's
     fixture (a generated dataset, a run whose record several tests read) go to one worker,
-    which makes it once rather than once a worker; and the tests marked slow go out first, in
+    which makes it once rather than once a worker; the tests marked slow go out first, in
     their own order, so the workers fill the end of the run with short tests rather than wait
-    on a long one handed out last. Serially the order is the files' own."""
+    on a long one handed out last; and a solo test goes out last, so that what it waits for
+    (every test in flight to end) is short tests, not the long ones of the start, with the
+    other workers held at its gate meanwhile. Serially the order is the files' own."""
     if not hasattr(config, "workerinput"):  # a worker collects what the controller hands out
         return
     here = Path(__file__).resolve().parent
@@ -108,7 +110,8 @@ def pytest_collection_modifyitems(config, items):
                         if defs and defs[-1].scope == "module")
         if shared:
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{'+'.join(shared)}"))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (item.get_closest_marker("solo") is not None,
+                                 item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture
