@@ -21,8 +21,7 @@ from qual import (command, engine, first_page, flags, record, report, shipped, s
 from qual.exits import Exit, help_text
 from qual.engine import InvalidJob, QualError
 from qual.plugin.journal import JOURNAL_NAME, Journal
-from qual.plugin.session import LAST_RECORD
-from qual.record import RECORD_NAME
+from qual.record import LAST_RECORD, RECORD_NAME
 from qual.targets import Target
 from qual.targets.filesystem import erase_leftover
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
@@ -59,6 +58,17 @@ def _plugin_options() -> str:
     hooks.pytest_addoption(_PytestOptions(shown.add_argument_group(
         "passed on to pytest (qual's plugin)")))
     return shown.format_help().strip() + "\n"
+
+
+def _with_plugin_options(parser: argparse.ArgumentParser):
+    """`qual run`'s help, ending with the plugin's options and the exit codes: read only when
+    shown, since the plugin imports pytest, which no other command needs."""
+    shown = parser.format_help
+
+    def format_help() -> str:
+        parser.epilog = f"{_plugin_options()}\n{RUN_EXIT_CODES}"
+        return shown()
+    return format_help
 
 
 class _PytestOptions:
@@ -131,8 +141,8 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the qualification suites (a wrapper over pytest)",
                          description="Run the suites; unknown arguments go to pytest (-k, -n, "
                                      "-x, and the plugin's --qual-* options below).",
-                         epilog=f"{_plugin_options()}\n{RUN_EXIT_CODES}",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.format_help = _with_plugin_options(run)
     run.add_argument("--target", action="append", default=None,
                      help="file, directory or block device; several for a rig's drives")
     run.add_argument("--profile", default=None, help="profile name or .toml path (default ci)")

@@ -17,6 +17,7 @@ from qual.measurement import Measurement, Regression, gate_values, is_final, rep
 SCHEMA = "qual-run/1"
 DEFAULT_TOLERANCE = 0.05  # a profile's regression tolerance when it names none
 RECORD_NAME = "qual-run.json"
+LAST_RECORD = ".last-" + RECORD_NAME  # the previous run's record, kept by `qual run` for the plan
 
 
 # ------------------------------------------------------------------ baseline gating

@@ -76,7 +76,7 @@ def test_purge_is_refused_without_the_destructive_guard(loop_device):
 def test_qual_pts_json_has_each_test_with_its_steady_state_window(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "qual.cli", "pts", "--target", str(tmp_path), "--json", "-q",
-         "--size", "8M", "--runtime", "20ms", "--workers", "1", "--depth", "4",
+         "--size", "8M", "--runtime", "50ms", "--workers", "1", "--depth", "4",
          "--block-sizes", "64K,4K", "--mixes", "100,50,0", "--max-rounds", "5"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

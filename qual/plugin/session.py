@@ -25,8 +25,8 @@ from qual.exits import Exit
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.progress import Console, Eta
 from qual.plugin.recorder import Judging, PAYLOAD, Recorder
-from qual.record import (Baseline, drive_model, qual_version, RECORD_NAME, rig_label, RunRecord, summarize,
-                         TestResult, write_record)
+from qual.record import (Baseline, drive_model, qual_version, LAST_RECORD, RECORD_NAME, rig_label,
+                         RunRecord, summarize, TestResult, write_record)
 from qual.measurement import Measurement
 from qual.targets import DEFAULT_TARGET, Target, drive_label
 from qual.workloads import registry
@@ -39,7 +39,6 @@ DEPARTED = "qual_device_gone"
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 PLUGIN_FLAGS = ("--qual-allow-destructive", "--qual-confirm-serial")  # the guard's refusals
-LAST_RECORD = ".last-" + RECORD_NAME  # the previous run's record, kept by `qual run` for the plan
 STALL_NOTE = ".stalled.json"  # beside a drive's record: a worker found it stopped (xdist)
 GONE_SETTLE_S = 2.0  # how long a drive that broke a test is asked again whether it is gone
 
