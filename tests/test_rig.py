@@ -211,8 +211,9 @@ def _killed_midway(args: list[str], cwd: Path, ready) -> tuple[dict[int, str], s
     return {p: c for p, c in tree.items() if p in _tree(p)}, log.read_text()
 
 
-def _running(command: str):
-    return lambda tree, said: any(command in c for c in tree.values())
+def _running(command: str, count: int = 1):
+    """At least `count` processes of the tree run `command`."""
+    return lambda tree, said: sum(command in c for c in tree.values()) >= count
 
 
 def _started(test: str, after: float = 1.0):
@@ -227,8 +228,9 @@ def _started(test: str, after: float = 1.0):
 
 
 RANKS = "qual.workloads.checkpoint.ranks"
+RANKED = 3  # the ranks' parent and both ranks of a tp 2 layout (forked: the same command line)
 PHASES = {  # phase -> (qual run -k, profile, when to kill)
-    "checkpoint": ("checkpoint", TINY_ALL, _running(RANKS)),
+    "checkpoint": ("checkpoint", TINY_ALL, _running(RANKS, RANKED)),
     "gnn": ("gnn and not gpu", KILL_GNN, _running("qual.workloads.gnn.mmap_server")),
     "training": ("training", TINY_ALL, _started("test_training_io.py::", 0.5)),
     "kvcache": ("kvcache", shipped("thresholds") / "ci.toml", _started("test_kvcache.py::")),
@@ -259,7 +261,7 @@ def test_no_rank_outlives_a_killed_checkpoint_restore(tmp_path):
     (written,) = [p for p in (tmp_path / "drive").rglob("*") if p.is_dir() and
                   any(p.glob("rank-*.bin"))]
     left, said = _killed_midway(["checkpoint", "--read-only", str(written), *common], tmp_path,
-                                _running(RANKS))
+                                _running(RANKS, RANKED))
     assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
 
 
