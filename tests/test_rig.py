@@ -21,7 +21,7 @@ from qual.plugin.session import STALL_NOTE
 from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import bandwidth
-from testbed import (KILL_GNN, TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, needs_root, qual,
+from testbed import (KILL, TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, needs_root, qual,
                      run_suite, serial_of, sh)
 
 
@@ -230,8 +230,8 @@ def _started(test: str, after: float = 1.0):
 RANKS = "qual.workloads.checkpoint.ranks"
 RANKED = 3  # the ranks' parent and both ranks of a tp 2 layout (forked: the same command line)
 PHASES = {  # phase -> (qual run -k, profile, when to kill)
-    "checkpoint": ("checkpoint", TINY_ALL, _running(RANKS, RANKED)),
-    "gnn": ("gnn and not gpu", KILL_GNN, _running("qual.workloads.gnn.mmap_server")),
+    "checkpoint": ("checkpoint", KILL, _running(RANKS, RANKED)),
+    "gnn": ("gnn and not gpu", KILL, _running("qual.workloads.gnn.mmap_server")),
     "training": ("training", TINY_ALL, _started("test_training_io.py::", 0.5)),
     "kvcache": ("kvcache", shipped("thresholds") / "ci.toml", _started("test_kvcache.py::")),
     "vectordb": ("vectordb", shipped("thresholds") / "ci.toml",

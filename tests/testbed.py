@@ -21,7 +21,7 @@ from qual import engine, shipped
 HERE = Path(__file__).resolve().parent
 TINY_PROFILE = HERE / "profiles" / "tiny.toml"
 TINY_ALL = HERE / "profiles" / "tiny-all.toml"
-KILL_GNN = HERE / "profiles" / "kill-gnn.toml"  # tiny-all, the GNN mmap baseline first
+KILL = HERE / "profiles" / "kill.toml"  # tiny-all to be killed mid-run (tests/test_rig.py)
 IS_ROOT = os.geteuid() == 0
 
 
