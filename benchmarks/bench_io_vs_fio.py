@@ -45,10 +45,10 @@ def run_fio(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float,
 
 
 def run_qual(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float,
-             env: dict | None = None) -> dict:
+             env: dict | None = None, extra: tuple[str, ...] = ()) -> dict:
     cmd = [sys.executable, "-m", "qual.cli", "io", f"--target={path}", f"--rw={rw}",
            f"--bs={bs}", f"--iodepth={depth}", "--numjobs=1", f"--size={size}",
-           f"--runtime={runtime}", "--direct=1", "--engine=io_uring", "--json"]
+           f"--runtime={runtime}", "--direct=1", "--engine=io_uring", "--json", *extra]
     doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
                                     env=env).stdout)
     return {"bw": doc["bw_bytes"], "iops": doc["iops"], "cpu_per_io": doc["cpu_s"] / doc["ops"]}

@@ -3,11 +3,12 @@ best flags, in CPU per I/O.
 
 On a raw RAM-backed loop device (the host, not the flash, is the limit, as on a Gen5 drive),
 each round runs fio (io_uring with --fixedbufs --registerfiles --iodepth_batch_submit=16)
-and `qual io` with the engine's features added one at a time (QUAL_URING_WITHOUT names those
-left out): none, + the file registered, + the buffers registered, + deferred task work on a
-single-issuer ring, + the ring's own descriptor registered. The order alternates round by
-round. It prints each configuration's median IOPS and CPU microseconds per I/O (qual's
-includes its interpreter's start-up) and the median over rounds of its ratio to fio's.
+and `qual io` (the same --iodepth_batch_submit=16) with the engine's features added one at
+a time (QUAL_URING_WITHOUT names those left out): none, + the file registered, + the buffers
+registered, + deferred task work on a single-issuer ring, + the ring's own descriptor
+registered. The order alternates round by round. It prints each configuration's median IOPS
+and CPU microseconds per I/O (qual's is its process's over the job's run, its interpreter's
+start-up left out) and the median over rounds of its ratio to fio's.
 
     python benchmarks/bench_uring_features.py --rounds 3 --runtime 5
 """
@@ -27,7 +28,13 @@ FEATURES = ["fixed_files", "fixed_buffers", "defer_taskrun", "registered_ring"]
 STEPS = [("none", FEATURES + ["coop_taskrun"]), ("+ fixed files", FEATURES[1:] + ["coop_taskrun"]),
          ("+ fixed buffers", FEATURES[2:] + ["coop_taskrun"]),
          ("+ deferred task work", FEATURES[3:]), ("+ registered ring", [])]
-FIO_BEST = ("--fixedbufs", "--registerfiles", "--iodepth_batch_submit=16")
+FIO_FEATURES = ("--fixedbufs", "--registerfiles")
+
+
+def batch(depth: int) -> tuple[str, ...]:
+    """Both tools: up to 16 I/Os per submission call (qual refuses a batch above the depth,
+    which fio lowers to it)."""
+    return (f"--iodepth_batch_submit={min(16, depth)}",)
 
 
 def main() -> int:
@@ -43,11 +50,13 @@ def main() -> int:
                 order = ["fio"] + [name for name, _ in STEPS]
                 for name in (order if r % 2 == 0 else order[::-1]):
                     if name == "fio":
-                        got = run_fio(dev, rw, bs, depth, args.size, args.runtime, FIO_BEST)
+                        got = run_fio(dev, rw, bs, depth, args.size, args.runtime,
+                                      FIO_FEATURES + batch(depth))
                     else:
                         off = ",".join(dict(STEPS)[name])
                         got = run_qual(dev, rw, bs, depth, args.size, args.runtime,
-                                       env={**os.environ, "QUAL_URING_WITHOUT": off})
+                                       env={**os.environ, "QUAL_URING_WITHOUT": off},
+                                       extra=batch(depth))
                     runs[name].append(got)
             print(f"\n{rw} {bs} qd{depth} ({args.rounds} rounds of {args.runtime:g} s, medians)")
             fio_cpu = [g["cpu_per_io"] for g in runs["fio"]]
