@@ -8,8 +8,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -433,6 +435,22 @@ def test_a_rank_error_stops_every_rank(tmp_path):
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)],  # its ranks name its job file
                               capture_output=True, text=True).stdout.split()
     assert str(os.getpid()) not in leftover and leftover == []
+
+
+@pytest.mark.slow
+def test_the_first_rank_to_fail_ends_the_others_at_once(tmp_path):
+    """Rank 1 fails before it joins the process group (its log cannot be opened); rank 0,
+    which would wait for it up to the job's 60 s timeout, is ended at once, and the error
+    names rank 1 with what it said."""
+    (tmp_path / "rank-00001.log").mkdir()
+    started = time.monotonic()
+    with pytest.raises(QualError, match=r"rank 1 exited with 1: (?s:.*)IsADirectoryError"):
+        checkpoint.launch(_job(tmp_path, plan={"model": "llama3.1-8b", "tp": 2, "pp": 1,
+                                               "dp": 1, "zero": 0, "recipe": "mixed-adam",
+                                               "scale": 1e-4}), 2, tmp_path)
+    assert time.monotonic() - started < 30
+    exits = json.loads((tmp_path / ranks.EXITS).read_text())
+    assert exits == {"1": 1, "0": -signal.SIGKILL}
 
 
 def _job(tmp_path, plan):

@@ -101,8 +101,9 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
         if bad is None:  # the ranks' parent itself failed, before or while it forked them
             tail = (workdir / "ranks.log").read_text(errors="replace")[-2000:]
             raise QualError(errno.EIO, f"the ranks' parent exited with {proc.returncode}: {tail}")
-        tail = (workdir / f"rank-{bad:05d}.log").read_text(errors="replace")[-2000:]
-        raise QualError(errno.EIO, f"rank {bad} exited with {proc.returncode}: {tail}")
+        log = workdir / f"rank-{bad:05d}.log"  # a rank that failed before it had a log
+        tail = (log if log.is_file() else workdir / "ranks.log").read_text(errors="replace")
+        raise QualError(errno.EIO, f"rank {bad} exited with {proc.returncode}: {tail[-2000:]}")
     return json.loads(Path(job.result).read_text())
 
 
