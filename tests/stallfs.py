@@ -13,6 +13,8 @@ the server under a network or object-store mount) does when it fails:
   unreadable range: the medium error a drive returns), writes succeed;
 - `--fsync-delay S`: every fsync/fdatasync of a file takes S seconds longer (a drive whose cache
   flush is slow), so a timing that includes the flush shows it;
+- `--read-delay S`: every read of a file takes S seconds longer (a slow drive), so a reader
+  is still reading, answered, a known time later;
 - `--log PATH`: one line per request ("OPCODE path errno"; a rename's path is "old -> new"), flushed as it is answered, for tests that
   check the order in which a writer made things durable.
 
@@ -71,6 +73,7 @@ class Passthrough:
         self.eio = [(name, int(off), int(n)) for name, off, n in
                     (spec.split(":") for spec in args.eio)]
         self.fsync_delay = args.fsync_delay
+        self.read_delay = args.read_delay
 
     def real(self, node: int, name: bytes = b"") -> str:
         rel = self.paths[node]
@@ -180,6 +183,7 @@ class Passthrough:
                 return None  # no answer: a read is where the drive stalls
             if self.hits_eio(node, offset, size):
                 raise Reply(-errno.EIO)
+            time.sleep(self.read_delay)
             return os.pread(self.files[fh], size, offset)
         if op == "WRITE":
             fh, offset, size = WRITE_IN.unpack_from(body)[:3]
@@ -308,6 +312,7 @@ def main() -> None:
     p.add_argument("--stop-on", metavar="OP:TEXT")
     p.add_argument("--eio", action="append", default=[], metavar="NAME:OFFSET:LENGTH")
     p.add_argument("--fsync-delay", type=float, default=0.0)
+    p.add_argument("--read-delay", type=float, default=0.0)
     p.add_argument("--log")
     args = p.parse_args()
     if args.size is not None:
