@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -70,6 +71,9 @@ class PostgresServer:
             [str(self.bin / "postgres"), "-D", str(self.data), "-c", "listen_addresses=127.0.0.1",
              "-c", f"port={self.port}", "-c", f"unix_socket_directories={self.folder}",
              "-c", "max_connections=100", "-c", "fsync=on",
+             # its dynamic shared memory in its folder, not /dev/shm: a server killed outright
+             # (the tests killed) leaves those segments behind, and only its folder is removed
+             "-c", "dynamic_shared_memory_type=mmap",
              "-c", "timezone=America/New_York"],  # not UTC: qual must not care
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": user.pw_dir, "LANG": "C"},
@@ -105,7 +109,7 @@ class PostgresServer:
                 self.server.kill()
                 self.server.wait(10)
             self.started = False
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove(self.folder)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"
@@ -118,6 +122,20 @@ class PostgresServer:
         with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as c:
             c.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+
+def remove(folder: Path) -> None:
+    """A stopped server's folder, and what a server killed outright left outside it: its System
+    V interlock segment, which the seventh line of its postmaster.pid names ("KEY SHMID"),
+    removed only if no process is attached to it any more."""
+    pid_file = Path(folder) / "data" / "postmaster.pid"
+    lines = pid_file.read_text().splitlines() if pid_file.exists() else []
+    if len(lines) >= 7 and len(lines[6].split()) == 2:
+        shmid = lines[6].split()[1]
+        shown = subprocess.run(["ipcs", "-m", "-i", shmid], capture_output=True, text=True)
+        if re.search(r"\bnattch=0\b", shown.stdout):
+            subprocess.run(["ipcrm", "-m", shmid], capture_output=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 PR_SET_PDEATHSIG = 1

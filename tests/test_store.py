@@ -432,8 +432,9 @@ def test_eight_rigs_opening_a_new_store_at_once_migrate_it_once(store_url, tmp_p
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL") or sys.platform != "linux", reason="Linux")
 def test_the_test_server_dies_with_the_tests_however_they_end(tmp_path):
     """The PostgreSQL server the store's tests start is their own child: a test process killed
-    outright (no finalizer runs) leaves no server behind, nor any of its workers."""
-    from pgserver import binaries
+    outright (no finalizer runs) leaves no server behind, nor any of its workers; removing its
+    folder then leaves none of its shared memory (in /dev/shm or System V)."""
+    from pgserver import binaries, remove
 
     if binaries() is None or not IS_ROOT:
         pytest.skip("needs PostgreSQL's binaries and root (scripts/setup)")
@@ -456,5 +457,11 @@ def test_the_test_server_dies_with_the_tests_however_they_end(tmp_path):
         if not left:
             break
         time.sleep(0.1)
-    subprocess.run(["rm", "-rf", folder])
+    data = Path(folder) / "data"
+    shmid = (data / "postmaster.pid").read_text().splitlines()[6].split()[1]
+    dynamic = list((data / "pg_dynshmem").iterdir())  # in its folder, not /dev/shm
+    remove(Path(folder))
     assert len(server) > 1 and not left, f"the server's {left} outlived the tests"
+    assert dynamic and not Path(folder).exists()
+    shown = subprocess.run(["ipcs", "-m", "-i", shmid], capture_output=True, text=True).stdout
+    assert f"shmid={shmid}" not in shown, shown  # its System V segment is gone too
