@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import os
 import pwd
-import re
 import shutil
 import signal
 import socket
@@ -133,7 +132,7 @@ def remove(folder: Path) -> None:
     if len(lines) >= 7 and len(lines[6].split()) == 2:
         shmid = lines[6].split()[1]
         shown = subprocess.run(["ipcs", "-m", "-i", shmid], capture_output=True, text=True)
-        if re.search(r"\bnattch=0\b", shown.stdout):
+        if "nattch=0" in shown.stdout.split():
             subprocess.run(["ipcrm", "-m", shmid], capture_output=True)
     shutil.rmtree(folder, ignore_errors=True)
 

@@ -204,6 +204,15 @@ static void hand_over(struct ioq *q, struct ioq_io *io)
     q->staged++;
 }
 
+/* Hand what is staged to the kernel without waiting: 0, or a hard error (a refusal to try
+ * again, EAGAIN/EBUSY/EINTR, is met by the next submission). */
+static int submit_staged(struct ioq *q)
+{
+    int e = q->be->enter(q->state, 1, 0, 0);
+    q->staged = 0;
+    return e == -EAGAIN || e == -EBUSY || e == -EINTR ? 0 : e;
+}
+
 /* One completion: faults, back-off on EAGAIN/EBUSY, latency, the client's verdict. Returns 0
  * or the client's (or the back-off's) failure. */
 static int complete(struct ioq *q, const struct ioq_client *c, unsigned slot, int64_t res)
@@ -287,9 +296,8 @@ int ioq_run(struct ioq *q, const struct ioq_client *c)
             io->t_first = io->t_submit;
             /* a full batch goes to the kernel at once; the rest goes with the wait below */
             if (o->submit_batch && q->staged >= o->submit_batch && q->nfree) {
-                int e = q->be->enter(q->state, 1, 0, 0);
-                q->staged = 0;
-                if (e && e != -EAGAIN && e != -EBUSY && e != -EINTR) {
+                int e = submit_staged(q);
+                if (e) {
                     FAIL(e);
                     wait_only = 1;
                 }
@@ -319,10 +327,9 @@ int ioq_run(struct ioq *q, const struct ioq_client *c)
              * completion ready for the wait, which need not sleep; one call that submits
              * and waits sleeps first and is woken, often on the other CPU
              * (benchmarks/bench_uring_features.py: 4 KiB at depth 1). */
-            int se = q->be->enter(q->state, 1, 0, 0);
-            q->staged = 0;
-            if (se && se != -EAGAIN && se != -EBUSY && se != -EINTR) {
-                FAIL(se);
+            int e = submit_staged(q);
+            if (e) {
+                FAIL(e);
                 wait_only = 1;
             }
         }
