@@ -103,9 +103,21 @@ def run_checked(target, job, progress=None) -> tuple[IoResult, dict]:
     counters and the link: the result, and what was checked (ImplausibleMeasurement if the
     result cannot be the device's). `progress(bytes, ops, seconds)` hears how far it is."""
     job = target.prepare(job)
+    written = written_under(target, job)
     before = target.device_stat()
     result = run_job(job, progress=progress, interval=1.0)
-    return result, check_io(result, between(before, target.device_stat()), target.identity)
+    checked = check_io(result, between(before, target.device_stat()), target.identity)
+    return result, checked if written is None else {**checked, "region_written": written}
+
+
+def written_under(target, job) -> int | None:
+    """Bytes of a reading job's region on a block device that this run had written before the
+    job began (a drive answers blocks never written without touching its media, so reads of
+    them are not the drive's); None for a file, whose region is always written, or a job that
+    only writes."""
+    if target.kind != "block" or job.op == "write":
+        return None
+    return max(0, min(target.written, job.offset + job.size) - job.offset)
 
 
 def samples_needed(pct: float) -> int:

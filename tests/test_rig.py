@@ -318,9 +318,11 @@ patterns = ["seq_read", "rand_read"]
 @pytest.mark.slow
 @pytest.mark.solo
 def test_raw_reads_read_blocks_the_run_wrote(tmp_path, ram_device):
-    """A blank RAM-backed namespace: its unwritten blocks read far faster than written ones
-    (17 vs 6 GB/s before, the first repetition). The region is written before the first read,
-    the plan says so, and no first repetition strays above 1.3 x its cell's median."""
+    """A blank namespace: a drive answers blocks never written without touching its media, so
+    the region is written before the first read: the plan says so, every read cell's record
+    says all of its region was written before it began, and the device holds the run's data
+    there (and nothing past it). (On this RAM stand-in a blank block reads only about 1.5 x as
+    fast as a written one, as much as the host's noise moves a repetition: no timing proves it.)"""
     dev = ram_device()
     profile = tmp_path / "reads.toml"
     profile.write_text(RAW_READS)
@@ -333,14 +335,11 @@ def test_raw_reads_read_blocks_the_run_wrote(tmp_path, ram_device):
     assert written[0] == 256 << 20 and not any(written[1:]), written
     proc = qual(*args, *consent, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    reps: dict[str, list[float]] = {}
-    for t in load_record(tmp_path / "qual-results")["tests"]:
-        for m in t["measurements"]:
-            if m["metric"].endswith("_bw"):
-                reps.setdefault(m["id"], []).append(m["value"])
-    assert len(reps) == 4 and all(len(v) == 3 for v in reps.values())
-    for cell, values in reps.items():  # the first repetition read unwritten blocks before
-        assert values[0] <= 1.3 * sorted(values)[1], (cell, values)
+    cells = [m for t in load_record(tmp_path / "qual-results")["tests"]
+             for m in t["measurements"] if m["metric"].endswith("_bw")]
+    assert len(cells) == 12, [m["id"] for m in cells]  # 4 cells x 3 repetitions
+    assert all(m["context"]["region_written"] == m["context"]["region_bytes"] == 256 << 20
+               for m in cells), [(m["id"], m["context"].get("region_written")) for m in cells]
     sh("blockdev", "--flushbufs", dev)  # the guard's probes read it through the page cache
     with open(dev, "rb") as f:  # the region holds the run's data; what lies past it is blank
         assert f.read(4096).count(0) < 4096
