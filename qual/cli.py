@@ -90,7 +90,9 @@ class _PytestOptions:
         pass
 
 
-def _parser(families: dict) -> argparse.ArgumentParser:
+def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
+    """qual's parser; with `only` (the command a command line names), a family's subcommand
+    only if it is that one: the families' generated flags are most of the parser's cost."""
     p = argparse.ArgumentParser(prog="qual", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=version())
     sub = p.add_subparsers(dest="command", required=True)
@@ -160,7 +162,7 @@ def _parser(families: dict) -> argparse.ArgumentParser:
     store.add_option(run, "the results store each drive's record also goes to", off=True)
 
     for family in families.values():
-        if family.run is not None:
+        if family.run is not None and only in (None, family.subcommand):
             command.add_parser(sub, family)
 
     rp = sub.add_parser("report", help="the HTML qualification report (Allure 3)",
@@ -316,10 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     except QualError as e:
         print(f"qual: error: {e}", file=sys.stderr)
         return Exit.USAGE
-    parser = _parser(families)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(families, only=argv[0] if argv and not argv[0].startswith("-") else None)
+    said = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if argv and argv[0] not in said.choices and not argv[0].startswith("-"):
+        parser = _parser(families)  # a wrong command: its error lists every command
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":  # said with the command's own usage
-        said = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         was = flags.renamed(args.family.fields) if hasattr(args, "family") else {}
         for word in extra:
             if word.split("=")[0] in was:
