@@ -406,16 +406,16 @@ URING_FEATURES = {  # what each feature looks like in the engine's system calls 
 }
 
 
-def _uring_calls(tmp_path, without: str = "") -> str:
+def _uring_calls(tmp_path, without: str = "", depth: int = 8) -> str:
     """The io_uring system calls of one `qual io` job on a file, traced."""
     if not shutil.which("strace"):
         pytest.skip("strace is not installed (scripts/setup installs it)")
-    trace = tmp_path / f"strace-{without or 'all'}.txt"
+    trace = tmp_path / f"strace-{without or 'all'}-{depth}.txt"
     env = {**os.environ, "QUAL_URING_WITHOUT": without}
     proc = subprocess.run(["strace", "-f", "-o", str(trace), "-e",
                            "trace=io_uring_setup,io_uring_register,io_uring_enter",
                            sys.executable, "-m", "qual.cli", "io", "--target", str(tmp_path),
-                           "--rw", "randread", "--bs", "4k", "--iodepth", "8", "--size", "8M",
+                           "--rw", "randread", "--bs", "4k", "--iodepth", str(depth), "--size", "8M",
                            "--runtime", "0.1s", "--engine", "io_uring", "--json"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -435,3 +435,24 @@ def test_each_io_uring_feature_is_used_and_can_be_left_out(tmp_path):
         assert not re.search(seen, calls), feature
         assert all(re.search(other, calls) for name, other in URING_FEATURES.items()
                    if name != feature), feature
+
+
+ENTER = re.compile(r"io_uring_enter\(\d+, (\d+), (\d+), ")  # fd, to_submit, min_complete
+
+
+@pytest.mark.slow
+def test_at_depth_one_an_io_is_handed_over_alone_and_waited_for_in_a_second_call(tmp_path):
+    """With nothing older in flight, the queue submits in one call and waits in another, as fio
+    does: a device that answers within the submission has its completion ready for the wait
+    (docs/benchmarks.md: 4 KiB at depth 1). At depth 8, with older I/Os in flight, a
+    submission also waits in the same call."""
+    def calls(depth: int) -> dict[tuple[int, int], int]:
+        seen: dict[tuple[int, int], int] = {}
+        for to_submit, min_complete in ENTER.findall(_uring_calls(tmp_path, depth=depth)):
+            key = (int(to_submit) > 0, int(min_complete) > 0)
+            seen[key] = seen.get(key, 0) + 1
+        return seen
+    one = calls(1)
+    submits, waits = one.get((True, False), 0), one.get((False, True), 0)
+    assert submits > 50 and abs(submits - waits) <= 2 and one.get((True, True), 0) <= 2, one
+    assert calls(8).get((True, True), 0) > 10
