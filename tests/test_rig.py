@@ -251,8 +251,9 @@ def test_no_process_outlives_a_killed_qual_on_a_file_target(tmp_path, phase):
 
 @pytest.mark.slow
 def test_no_rank_outlives_a_killed_checkpoint_restore(misbehaving, tmp_path):
-    """The ranks of a restore from a slow drive (each read 50 ms late: some 10 s of reading)
-    die with the qual that started them: 2 s after kill -9, none is left."""
+    """The ranks of a restore from a slow drive (each read 50 ms late: some 10 s of reading),
+    killed once they have begun to read the checkpoint, die with the qual that started them:
+    2 s after kill -9, none is left."""
     storage = misbehaving("--read-delay", "0.05")
     common = ["--model", "llama3.1-8b", "--tp", "2", "--scale", "0.002", "--passes", "1",
               "--per-pass", "1", "--chunk-size", "1M"]
@@ -261,8 +262,13 @@ def test_no_rank_outlives_a_killed_checkpoint_restore(misbehaving, tmp_path):
          "--write-only", "--json", *common], capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
     written = storage.point / "qual-checkpoints" / "ckpt-000001"
+    ranks = _running(RANKS, RANKED)
+
+    def reading(tree, said) -> bool:
+        return ranks(tree, said) and any(op == "READ" and written.name in path
+                                         for op, path in storage.requests())
     left, said = _killed_midway(["checkpoint", "--read-only", str(written), *common], tmp_path,
-                                _running(RANKS, RANKED))
+                                reading)
     assert not left, f"{left} outlived the qual that started them\n{said[-2000:]}"
 
 
