@@ -308,6 +308,10 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def _add_model(parser) -> None:
     parser.add_argument("--model", required=True, help="the drive model, as the drives report it")
 
@@ -319,10 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qual: error: {e}", file=sys.stderr)
         return Exit.USAGE
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _parser(families, only=argv[0] if argv and not argv[0].startswith("-") else None)
-    said = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if argv and argv[0] not in said.choices and not argv[0].startswith("-"):
-        parser = _parser(families)  # a wrong command: its error lists every command
+    word = argv[0] if argv and not argv[0].startswith("-") else None
+    parser = _parser(families, only=word)
+    said = _subcommands(parser)
+    if word is not None and word not in said.choices:  # its error lists every command
+        parser = _parser(families)
+        said = _subcommands(parser)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":  # said with the command's own usage
         was = flags.renamed(args.family.fields) if hasattr(args, "family") else {}

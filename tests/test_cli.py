@@ -303,6 +303,22 @@ def test_a_removed_flag_says_what_replaced_it_with_its_command_s_usage(tmp_path)
     assert not list(tmp_path.iterdir())  # before any I/O
 
 
+def test_a_command_line_parses_as_with_every_command_built_and_a_wrong_one_lists_them_all():
+    """qual builds only the family subcommand a command line names; a family's flags parse as
+    they do with every command built, and a mistyped command's error lists every command."""
+    from qual import cli
+    from qual.workloads import registry
+
+    argv = ["checkpoint", "--count", "2", "--json"]
+    assert vars(cli._parser(registry(), only="checkpoint").parse_known_args(argv)[0]) == \
+        vars(cli._parser(registry()).parse_known_args(argv)[0])
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", "chekpoint"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'chekpoint'" in proc.stderr
+    assert all(f"'{f.subcommand}'" in proc.stderr for f in registry().values() if f.run), \
+        proc.stderr
+
+
 def test_every_flag_says_what_it_is_and_every_command_its_exit_statuses():
     """No help that only repeats its flag's name (`--tp COUNT  tp`), none missing; every
     command's help names its exit statuses."""

@@ -415,8 +415,8 @@ def _uring_calls(tmp_path, without: str = "", depth: int = 8) -> str:
     proc = subprocess.run(["strace", "-f", "-o", str(trace), "-e",
                            "trace=io_uring_setup,io_uring_register,io_uring_enter",
                            sys.executable, "-m", "qual.cli", "io", "--target", str(tmp_path),
-                           "--rw", "randread", "--bs", "4k", "--iodepth", str(depth), "--size", "8M",
-                           "--runtime", "0.1s", "--engine", "io_uring", "--json"],
+                           "--rw", "randread", "--bs", "4k", "--iodepth", str(depth),
+                           "--size", "8M", "--runtime", "0.1s", "--engine", "io_uring", "--json"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return trace.read_text()
