@@ -4,8 +4,10 @@ torch.load of the same tensors; rank 0 commits each checkpoint and writes the re
 
 Started by torchrun, or by the workload's launcher through `local_ranks`: one process that
 imports torch once and forks each local rank from itself (eight ranks importing torch each
-took 8 x 1.7 s of CPU, on two cores most of a ci checkpoint run). A rank reads RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun sets them.
+took 8 x 1.7 s of CPU, on two cores most of a ci checkpoint run). A rank reads RANK and
+WORLD_SIZE as torchrun sets them; torchrun's ranks meet at MASTER_ADDR:MASTER_PORT, the
+launcher's at a file in its own folder (`RankJob.rendezvous`): a port picked free and closed
+again can be taken by anything else on the host before rank 0 listens on it.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ class RankJob:
     store the checkpoints go into (None where a set is read back from wherever it lies,
     `restore_path`); `device`: "major:minor" of the target's block device where every rank runs
     on this host (its counters are then the checkpoint's), else None; `progress`: the file rank
-    0's progress lines go to."""
+    0's progress lines go to; `rendezvous`: the file the launcher's ranks meet at (torchrun's,
+    None, meet where its environment says)."""
 
     plan: dict
     chunk_size: int
@@ -96,6 +99,7 @@ class RankJob:
     faults: list[dict] = field(default_factory=list)  # tests: engine.Fault fields, every rank
     device: str | None = None
     progress: str | None = None
+    rendezvous: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -392,6 +396,7 @@ def run_rank(job: RankJob) -> dict | None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world,
+                            init_method=f"file://{job.rendezvous}" if job.rendezvous else "env://",
                             timeout=timedelta(seconds=job.timeout_s))
     try:
         return Rank(job, rank, world).run()

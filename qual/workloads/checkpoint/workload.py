@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,12 +41,6 @@ def checkpoints_per_pass(table: dict, folder: Path, checkpoint_bytes: int) -> in
     return count
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # the ranks' parent (ranks.local_ranks); not `-m ...ranks`, which runpy warns about since this
 # package imports it
 RANKS_MAIN = ("import sys; from qual.workloads.checkpoint.ranks import local_ranks; "
@@ -59,12 +52,12 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
     If one rank fails, the others are stopped and its error is raised here. Rank 0's progress
     lines go to `progress` as they come."""
     said = workdir / "progress.log"
-    job = dataclasses.replace(job, progress=str(said) if progress else None)
+    job = dataclasses.replace(job, progress=str(said) if progress else None,
+                              rendezvous=str(workdir / "rendezvous"))
     seen = 0
     job_path = workdir / "job.json"
     job_path.write_text(job.to_json())
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-            "WORLD_SIZE": str(processes), "OMP_NUM_THREADS": "1"}
+    base = {**os.environ, "WORLD_SIZE": str(processes), "OMP_NUM_THREADS": "1"}
     # rank 0's lines reach the user through the launcher, never its stdout or stderr: a rank
     # stuck on storage that stopped answering cannot exit, and would hold them open
     with open(workdir / "ranks.log", "wb") as log:
