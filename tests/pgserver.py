@@ -30,6 +30,13 @@ def binaries() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
+PORT_TRIES = 5
+
+
+class PortTaken(RuntimeError):
+    """The server could not listen: its port was taken after it was found free."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,6 +71,16 @@ class PostgresServer:
         os.chown(self.folder, user.pw_uid, user.pw_gid)
         self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "-U", self.user,
                           "--auth=trust", "-E", "UTF8", "--no-sync")
+        # a port found free is free only until something else binds it (the checkpoint ranks'
+        # connections, another test's server): one taken by then is given up for a new one
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._launch(user)
+            except PortTaken:
+                self.port = free_port()
+        return self._launch(user)
+
+    def _launch(self, user) -> PostgresServer:
         log = open(self.folder / "server.log", "wb")
         parent = os.getpid()
         self.server = subprocess.Popen(
@@ -88,16 +105,24 @@ class PostgresServer:
         deadline = time.monotonic() + START_S
         while True:
             if self.server.poll() is not None:
+                self.started = False
+                said = (self.folder / "server.log").read_text()
+                if "Address already in use" in said:
+                    raise PortTaken(said[-2000:])
                 raise RuntimeError(f"postgres exited with {self.server.returncode}: "
-                                   f"{(self.folder / 'server.log').read_text()[-2000:]}")
+                                   f"{said[-2000:]}")
             try:
-                psycopg.connect(self.url(), connect_timeout=2).close()
-                return
+                with psycopg.connect(self.url(), connect_timeout=2) as db:
+                    answering = db.execute("SHOW data_directory").fetchone()[0]
+                if Path(answering).resolve() == self.data.resolve():
+                    return
+                # another test's server holds the port, and this one is on its way out
             except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"postgres did not answer within {START_S} s")
-                time.sleep(0.1)
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"postgres did not answer within {START_S} s")
+            time.sleep(0.1)
 
     def stop(self) -> None:
         if self.started:
