@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,12 @@ from qual.workloads.vectordb import data
 from qual.workloads.vectordb.spec import index_bytes, pq_chunks
 
 pytest.importorskip("diskannpy", reason="DiskANN's Python package (scripts/setup installs it)")
+
+
+# the most one page-in of a mapped file reads back: its device's read-ahead (8 MiB on this
+# VM's disk)
+READ_AROUND = max(int(p.read_text()) << 10
+                  for p in Path("/sys/block").glob("*/queue/read_ahead_kb"))
 
 
 def qual(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -29,7 +36,8 @@ def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, r
                                                                        loop_device):
     """`qual vectordb --profile ci` on ext4 over a RAM-backed loop device: PASS; recall@10 at
     L=100 at least 0.9 (100 % here); every search list's bytes, as the searchers' own kernel
-    accounting says them, within 2 % of what the drive counted; the build's writes counted; a
+    accounting says them, within 2 % of what the drive counted (what their page-ins read
+    aside); the build's writes counted; a
     longer search list reads more per query and answers fewer queries a second; nothing left."""
     folder = loop_device.mount(ram_device(1 << 30), options="noatime")
     proc = qual("vectordb", "--target", str(folder), "--profile", "ci", "--json", "--store",
@@ -42,7 +50,12 @@ def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, r
     for s in searches.values():
         assert s["truth"]["device_truth"] == "counted"  # the honesty check ran and said so
         assert s["truth"]["device_bytes"] == s["device_read_bytes"]
-        assert abs(s["device_read_bytes"] - s["read_bytes"]) <= 0.02 * s["read_bytes"], s
+        # the searchers' count also holds their page-ins, from the root disk (CI's memory
+        # pressure took 239 pages of their code away mid-search once): each reads at most
+        # its read-around back
+        short = s["read_bytes"] - s["device_read_bytes"]
+        assert -0.02 * s["read_bytes"] <= short <= \
+            0.02 * s["read_bytes"] + s["page_ins"] * READ_AROUND, s
     assert searches[10]["read_per_query"] < searches[50]["read_per_query"] < \
         searches[100]["read_per_query"]
     assert searches[10]["recall"] <= searches[100]["recall"]

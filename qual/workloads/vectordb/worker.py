@@ -7,13 +7,16 @@ flight is a searcher process of its own (docs/ARCHITECTURE.md §4: each dies wit
 A build job builds the disk index and exits. A searcher opens the index (its PQ code into
 memory), says `ready` on its control descriptor, then for each search list L it reads on its
 standard input searches its share of the queries one at a time, timing each, and writes their
-neighbours, latencies and the bytes this process read from storage (/proc/self/io: the
-kernel's count of the reads it submitted) to a file, then says `done L`."""
+neighbours, latencies, the bytes this process read from storage (/proc/self/io: the
+kernel's count of the reads it submitted) and its page-ins (major faults: code or data of a
+mapped file read back in, counted there too, from whatever device holds it) to a file, then
+says `done L`."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 
@@ -26,6 +29,12 @@ def read_bytes() -> int:
     """Bytes this process has had read from storage (the kernel's task I/O accounting)."""
     with open("/proc/self/io") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+def page_ins() -> int:
+    """Major faults of this process: pages of a mapped file (its code, its libraries) read
+    back from storage after the host took them away."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
 def build(job: dict) -> None:
@@ -56,7 +65,7 @@ def search(job: dict, control: int) -> None:
         L = int(line)
         ids = np.empty((len(mine), k), dtype=np.int64)
         latency = np.empty(len(mine), dtype=np.int64)
-        before = read_bytes()
+        before, faults = read_bytes(), page_ins()
         for j, q in enumerate(mine):
             # a batch of one: diskannpy 0.7's single-query search() answers the kth
             # neighbour k times over (its result is copied from the wrong slot)
@@ -64,9 +73,9 @@ def search(job: dict, control: int) -> None:
             found = index.batch_search(queries[q:q + 1], k, L, 1, beam)
             latency[j] = time.perf_counter_ns() - started
             ids[j] = found.identifiers[0]
-        read = read_bytes() - before
+        read, faults = read_bytes() - before, page_ins() - faults
         np.savez(f"{job['out']}-L{L}.npz", queries=mine, ids=ids, latency_ns=latency,
-                 read=np.int64(read))
+                 read=np.int64(read), page_ins=np.int64(faults))
         os.write(control, f"done {L}\n".encode())
 
 

@@ -248,17 +248,20 @@ class Searchers:
 def _search(target: Target, table: dict, searchers: Searchers, L: int,
             truth: np.ndarray) -> dict:
     """One search list's sweep: QPS, each query's latency, recall on the sample, and the
-    bytes the searchers read against what the drive counted (device truth)."""
+    bytes the searchers read against what the drive counted (device truth), with their
+    page-ins: pages of their code read back meanwhile, counted among their bytes though they
+    may come from another device."""
     before = target.device_stat()
     wall, files = searchers.search(L)
     seen = honesty.between(before, target.device_stat())
     ids = np.empty((table["queries"], table["k"]), dtype=np.int64)
-    latency, read = [], 0
+    latency, read, page_ins = [], 0, 0
     for f in files:
         with np.load(f) as part:
             ids[part["queries"]] = part["ids"]
             latency.append(part["latency_ns"])
             read += int(part["read"])
+            page_ins += int(part["page_ins"])
     ns = np.concatenate(latency)
     lat = ns / 1e9
     where = f"DiskANN's sector reads at search list {L}"
@@ -269,6 +272,7 @@ def _search(target: Target, table: dict, searchers: Searchers, L: int,
                           **{str(p): float(np.percentile(lat, p)) for p in (50, 95, 99, 99.9)}},
             "latency_bins": LatencyHistogram.from_samples(ns.tolist()).to_bins(),
             "recall": data.recall(ids[:len(truth)], truth), "read_bytes": read,
+            "page_ins": page_ins,
             "device_read_bytes": seen["read_bytes"] if seen else None,
             "read_per_query": read / table["queries"], "truth": truth_said}
 
