@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 from pgserver import free_port
 from testbed import HERE, IS_ROOT, TINY_PROFILE, load_record, qual
 
@@ -25,7 +27,7 @@ from qual.exits import Exit
 from qual.measurement import measure, with_repetitions
 from qual.record import RunRecord, TestResult, write_record
 from qual.store import Store, StoreError
-from qual.store.db import utc
+from qual.store.db import _sqlite_engine, utc
 from qual.workloads.bandwidth import METRICS
 
 MODEL = "QUALTEST NVMe M1"
@@ -427,6 +429,32 @@ def test_eight_rigs_opening_a_new_store_at_once_migrate_it_once(store_url, tmp_p
             assert o.returncode == 0, err[-2000:]
         with Store.open(url) as db:
             assert db.version() == "0001"
+
+
+def test_connections_turning_a_new_sqlite_store_to_wal_at_once_all_open(tmp_path):
+    """Eight connections at once on each of 200 new SQLite stores: each waits while another
+    turns the store to WAL, where SQLite itself answers "database is locked" at once (53 of
+    8,000 openers failed so before qual waited for it, and once the eight rigs' test)."""
+    def connect(path: Path, gate: threading.Barrier, failed: list) -> None:
+        gate.wait()
+        try:
+            engine = _sqlite_engine(make_url(f"sqlite:///{path}"))
+            with engine.connect():
+                pass
+            engine.dispose()
+        except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+            failed.append(repr(e))
+
+    failed: list[str] = []
+    for n in range(200):
+        gate = threading.Barrier(8)
+        path = tmp_path / f"s{n}.sqlite"
+        threads = [threading.Thread(target=connect, args=(path, gate, failed)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert not failed, (len(failed), failed[0])
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL") or sys.platform != "linux", reason="Linux")

@@ -8,6 +8,8 @@ PostgreSQL at most CONNECT_S to connect and STATEMENT_S for a statement or a loc
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -98,6 +100,21 @@ def rows_of(record: dict) -> Row:
 # ------------------------------------------------------------------ the store
 
 
+def _wal(dbapi) -> None:
+    """Turn the store to WAL (a no-op once it is), waiting at most BUSY_S as a writer does:
+    while another connection turns a new store to WAL, SQLite answers "database is locked" at
+    once, without its busy timeout (rigs opening a new store together met it)."""
+    deadline = time.monotonic() + BUSY_S
+    while True:
+        try:
+            dbapi.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def _sqlite_engine(url) -> Engine:
     path = Path(url.database)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +123,7 @@ def _sqlite_engine(url) -> Engine:
     @event.listens_for(engine, "connect")
     def _connect(dbapi, _record):
         dbapi.isolation_level = None  # qual begins its own transactions
-        dbapi.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
+        _wal(dbapi)  # readers do not wait for the writer
         dbapi.execute("PRAGMA foreign_keys=ON")
         dbapi.execute("PRAGMA synchronous=FULL")  # a stored run survives a power loss
 
