@@ -522,6 +522,7 @@ def cmd_report(args) -> int:
     if built.returncode not in (0, 1) or not (detail / "index.html").exists() or not said:
         return fail(f"the Allure CLI could not build the report:\n{built.stdout}"
                     f"{built.stderr[-3000:]}\n{report.ALLURE_MISSING}")
+    report.without_analytics(detail / "index.html")
     index = out / "index.html"
     index.write_text(first_page.page(records, f"{ALLURE_FOLDER}/index.html"))
     broken = json.loads(said[-1])["gate"]

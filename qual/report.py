@@ -7,6 +7,7 @@ import html
 import json
 import os
 import math
+import re
 import time
 import types
 import uuid
@@ -155,6 +156,19 @@ def table_lines(rows: list[tuple[str, ...]], header: tuple[str, ...] = VERDICT_H
 
 
 # ------------------------------------------------------------------ the HTML report (Allure 3)
+
+# Allure 3's Awesome page loads Google's analytics tag from the internet whenever it is opened
+# (plugin-awesome sets analyticsEnable with no option to unset it): a qualification report
+# opened on an air-gapped rig, or sent to a customer, must not call out, so qual takes it out
+ANALYTICS = re.compile(r'<script async src="https://www\.googletagmanager\.com/[^"]*"></script>'
+                       r'\s*<script>[^<]*gtag\([^<]*</script>\s*')
+
+
+def without_analytics(page: Path) -> None:
+    """Take Allure's analytics tag out of a report page it built (ANALYTICS)."""
+    text = page.read_text()
+    page.write_text(ANALYTICS.sub("", text, count=1))
+
 
 ALLURE_MISSING = ("the HTML report needs the Allure 3 command line, the npm package `allure`: "
                   "install Node.js (Debian: apt-get install nodejs npm), then "
