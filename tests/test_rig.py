@@ -321,7 +321,6 @@ patterns = ["seq_read", "rand_read"]
 
 @needs_root
 @pytest.mark.slow
-@pytest.mark.solo
 def test_raw_reads_read_blocks_the_run_wrote(tmp_path, ram_device):
     """A blank namespace: a drive answers blocks never written without touching its media, so
     the region is written before the first read: the plan says so, every read cell's record
