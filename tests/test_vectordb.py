@@ -5,6 +5,8 @@ drive's counters), the exact search itself, and runs refused before any I/O."""
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 from testbed import needs_root
 
-from qual.workloads.vectordb import data
+from qual.workloads.vectordb import data, worker
 from qual.workloads.vectordb.spec import index_bytes, pq_chunks
 
 pytest.importorskip("diskannpy", reason="DiskANN's Python package (scripts/setup installs it)")
@@ -66,6 +68,27 @@ def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, r
                                                      "graph_degree": 32})
     assert doc["pq_chunks"] == pq_chunks({"dimensions": 128, "pq_ratio": 0.125})
     assert not (folder / "qual-vectordb").exists()
+
+
+@needs_root
+def test_a_searchers_page_ins_count_the_pages_of_a_mapped_file_read_back(loop_device):
+    """`page_ins`, what a search list allows between the searchers' bytes and the drive's:
+    pages of a mapped file not in the page cache, touched once each, are counted, one each
+    (no read-around: random access). On ext4 over a loop device: a tmpfs keeps its pages."""
+    path = loop_device.mount(loop_device()) / "code.bin"
+    with open(path, "wb") as f:
+        f.write(os.urandom(4 << 20))
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # as the host took them away
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
+            mapped.madvise(mmap.MADV_RANDOM)
+            before = worker.page_ins()
+            sum(mapped[i] for i in range(0, 4 << 20, 4096))
+            assert worker.page_ins() - before == (4 << 20) // 4096
+    finally:
+        os.close(fd)
 
 
 def test_the_exact_search_finds_what_brute_force_over_every_pair_finds(tmp_path):
