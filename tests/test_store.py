@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -455,6 +456,28 @@ def test_connections_turning_a_new_sqlite_store_to_wal_at_once_all_open(tmp_path
         for t in threads:
             t.join(timeout=120)
     assert not failed, (len(failed), failed[0])
+
+
+@pytest.mark.slow
+def test_the_test_server_whose_port_is_taken_starts_on_another(postgres):
+    """A port found free may be taken before the tests' server binds it: held by anything, or
+    by another test's server (whose answer must not pass for this one's), the server starts
+    on a new port and answers there with its own data."""
+    from pgserver import PostgresServer
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        for taken in (held.getsockname()[1], postgres.port):
+            server = PostgresServer()
+            server.port = taken
+            try:
+                server.start()
+                assert server.port != taken
+                (answering,), = rows(server.url(), "SHOW data_directory")
+                assert Path(answering).resolve() == server.data.resolve()
+            finally:
+                server.stop()
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL") or sys.platform != "linux", reason="Linux")
