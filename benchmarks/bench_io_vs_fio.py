@@ -48,9 +48,12 @@ def run_qual(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float
              env: dict | None = None, extra: tuple[str, ...] = ()) -> dict:
     cmd = [sys.executable, "-m", "qual.cli", "io", f"--target={path}", f"--rw={rw}",
            f"--bs={bs}", f"--iodepth={depth}", "--numjobs=1", f"--size={size}",
-           f"--runtime={runtime}", "--direct=1", "--engine=io_uring", "--json", *extra]
+           f"--runtime={runtime}", "--direct=1", "--engine=io_uring", "--json",
+           "--keep", *extra]  # the file written once stays for the next runs of both tools
     doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
                                     env=env).stdout)
+    if not Path(path).exists():  # fio would lay out a new file of its own for the next run
+        raise RuntimeError(f"qual io removed {path}, which both tools must read")
     return {"bw": doc["bw_bytes"], "iops": doc["iops"], "cpu_per_io": doc["cpu_s"] / doc["ops"]}
 
 

@@ -10,7 +10,12 @@ registered. The order alternates round by round. It prints each configuration's 
 and CPU microseconds per I/O (qual's is its process's over the job's run, its interpreter's
 start-up left out) and the median over rounds of its ratio to fio's.
 
+`--target DIR` runs them on a file in DIR instead (written once with random blocks, removed
+after): a drive whose completions arrive by interrupt, as an NVMe drive's do, where the loop
+device's reads are done by a kernel worker whose placement the scheduler chooses.
+
     python benchmarks/bench_uring_features.py --rounds 3 --runtime 5
+    python benchmarks/bench_uring_features.py --target /mnt/nvme0/bench --size 1G
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import argparse
 import os
 import statistics
 import sys
+from contextlib import contextmanager
 
 from bench_io_vs_fio import run_fio, run_qual
+from peer import bench_folder
 from standin import raw_stand_in
 
 CASES = [("randread", "4k", 1), ("randread", "4k", 64), ("read", "128k", 16)]
@@ -37,13 +44,32 @@ def batch(depth: int) -> tuple[str, ...]:
     return (f"--iodepth_batch_submit={min(16, depth)}",)
 
 
+@contextmanager
+def file_on(folder: str, size: str):
+    """A file of `size` random blocks in folder, removed afterwards."""
+    from qual.units import parse_size
+
+    ready = bench_folder(folder)
+    if ready is None:
+        raise SystemExit(2)
+    _, target = ready
+    target.ensure_data(parse_size(size))
+    try:
+        yield str(target.path)
+    finally:
+        target.cleanup()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every configuration")
     ap.add_argument("--runtime", type=float, default=5.0, help="seconds per run")
-    ap.add_argument("--size", default="2G", help="the stand-in's size")
+    ap.add_argument("--size", default="2G", help="the stand-in's (or the file's) size")
+    ap.add_argument("--target", default=None,
+                    help="a folder on a drive: a file there instead of the RAM stand-in")
     args = ap.parse_args()
-    with raw_stand_in(args.size) as dev:
+    where = file_on(args.target, args.size) if args.target else raw_stand_in(args.size)
+    with where as dev:
         for rw, bs, depth in CASES:
             runs: dict[str, list[dict]] = {"fio": [], **{name: [] for name, _ in STEPS}}
             for r in range(args.rounds):
