@@ -18,7 +18,7 @@ UNITS = {
     "size": "bytes, with a unit: 4K, 128KiB, 1M",
     "sizes": "bytes, with a unit: 4K, 128KiB, 1M",
     "duration": "a duration: 500ms, 10s, 2h",
-    "ratio": "a share: 60 %, 0.6",
+    "ratio": "a share, in %: 60 %, 0.36 %",
     "count": "a whole number",
     "counts": "whole numbers",
     "number": "a number",

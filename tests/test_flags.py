@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from qual import cli, command
+from qual import cli, command, settings
+from qual.family import Field
 from qual.flags import UNITS, field_flags, flag_fields
 from qual.workloads import registry
 
@@ -40,6 +41,17 @@ def test_every_field_has_its_flag_with_its_unit(family):
         if f.kind in UNITS:
             assert UNITS[f.kind].replace("%", "%%") in action.help, (key, action.help)
     assert "usage:" in p.format_help()  # the help renders (a bare % in it would raise)
+
+
+EXAMPLES = [(kind, example) for kind, text in UNITS.items() if ": " in text
+            for example in text.split(": ", 1)[1].split(", ")]
+
+
+@pytest.mark.parametrize("kind, example", EXAMPLES, ids=[f"{k}:{e}" for k, e in EXAMPLES])
+def test_every_example_a_flags_help_gives_is_a_value_it_takes(kind, example):
+    """What a flag's help shows as its kind's value (60 %, 500ms, 4K) is taken as given."""
+    value = [example] if kind.endswith("s") else example
+    assert settings.parse_value(Field("x", kind), value, "flags", "--x", []) is not None
 
 
 @pytest.mark.parametrize("old, new", [
