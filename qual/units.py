@@ -95,6 +95,8 @@ def parse_quantity(value: object, dimension: str, default_unit: str | None = Non
     if not math.isfinite(number):
         raise UnitError(f"{value!r} is not finite")
     if not unit_name:
+        if number == 0:
+            return 0.0  # zero in every unit: "0" turns a share off without naming one
         if default_unit is None:
             raise UnitError(f"{value!r} needs a unit of {dimension} ({', '.join(_names(dimension))})")
         unit_name = default_unit

@@ -32,6 +32,16 @@ def test_bandwidth_and_ratio():
     assert units.parse_quantity("70%", "ratio") == pytest.approx(0.7)
 
 
+@pytest.mark.parametrize("zero", ["0", 0, "0.0"])
+def test_a_bare_zero_needs_no_unit(zero):
+    """Zero is zero in every unit (a help's "0 off"); any other bare ratio is ambiguous (0.6
+    or 60 %?) and needs its unit."""
+    assert units.parse_quantity(zero, "ratio") == 0.0
+    assert units.parse_quantity(zero, "bandwidth") == 0.0
+    with pytest.raises(UnitError, match="needs a unit"):
+        units.parse_quantity("0.6", "ratio")
+
+
 @pytest.mark.parametrize("value, dimension, message", [
     ("4 GiB", "time", "measures size, not time"),
     ("ten bytes", "size", "not a number with a unit"),
