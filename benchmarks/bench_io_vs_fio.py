@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from peer import bench_folder
+from peer import shared_file
 
 CASES = [  # (rw, block size, depth)
     ("read", "1M", 32),
@@ -57,22 +57,8 @@ def run_qual(path: Path, rw: str, bs: str, depth: int, size: str, runtime: float
     return {"bw": doc["bw_bytes"], "iops": doc["iops"], "cpu_per_io": doc["cpu_s"] / doc["ops"]}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", default=".qual/bench", help="folder for the test file")
-    ap.add_argument("--size", default="1G", help="file size (both tools use the whole file)")
-    ap.add_argument("--runs", type=int, default=5, help="runs of each tool per case")
-    ap.add_argument("--runtime", type=float, default=5.0, help="seconds per run")
-    ap.add_argument("--json", default=None, help="also write the results here")
-    args = ap.parse_args()
-    ready = bench_folder(args.target)
-    if ready is None:
-        return 2
-    folder, target = ready
-    from qual.units import parse_size
-
-    target.ensure_data(parse_size(args.size))  # written once: both tools read real blocks
-    path = target.path
+def compare(path: Path, args) -> tuple[list, list]:
+    """Every case, fio and qual alternately on the file: the table's rows and the JSON."""
     rows, results = [], []
     for rw, bs, depth in CASES:
         runs = {"fio": [], "qual": []}
@@ -96,7 +82,19 @@ def main() -> int:
                      ratio["bw"], ratio["iops"], med["fio"]["cpu_per_io"] * 1e6,
                      med["qual"]["cpu_per_io"] * 1e6, ratio["cpu_per_io"]))
         print(f"{rows[-1][0]:<20} done", file=sys.stderr)
+    return rows, results
 
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=".qual/bench", help="folder for the test file")
+    ap.add_argument("--size", default="1G", help="file size (both tools use the whole file)")
+    ap.add_argument("--runs", type=int, default=5, help="runs of each tool per case")
+    ap.add_argument("--runtime", type=float, default=5.0, help="seconds per run")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    with shared_file(args.target, args.size) as path:
+        rows, results = compare(path, args)
     print(f"\nqual io vs fio {subprocess.run(['fio', '--version'], capture_output=True, text=True).stdout.strip()}"
           f" (io_uring, O_DIRECT, {args.runtime:g} s x {args.runs} runs each, medians; ratio = "
           "median over paired runs of qual / fio)")
@@ -107,7 +105,6 @@ def main() -> int:
         print(f"{r[0]:>14}  " + "  ".join(f"{v:>14.3f}" for v in r[1:]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    target.cleanup()
     return 0
 
 

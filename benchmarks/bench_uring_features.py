@@ -24,10 +24,9 @@ import argparse
 import os
 import statistics
 import sys
-from contextlib import contextmanager
 
 from bench_io_vs_fio import run_fio, run_qual
-from peer import bench_folder
+from peer import shared_file
 from standin import raw_stand_in
 
 CASES = [("randread", "4k", 1), ("randread", "4k", 64), ("read", "128k", 16)]
@@ -44,22 +43,6 @@ def batch(depth: int) -> tuple[str, ...]:
     return (f"--iodepth_batch_submit={min(16, depth)}",)
 
 
-@contextmanager
-def file_on(folder: str, size: str):
-    """A file of `size` random blocks in folder, removed afterwards."""
-    from qual.units import parse_size
-
-    ready = bench_folder(folder)
-    if ready is None:
-        raise SystemExit(2)
-    _, target = ready
-    target.ensure_data(parse_size(size))
-    try:
-        yield str(target.path)
-    finally:
-        target.cleanup()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every configuration")
@@ -68,7 +51,7 @@ def main() -> int:
     ap.add_argument("--target", default=None,
                     help="a folder on a drive: a file there instead of the RAM stand-in")
     args = ap.parse_args()
-    where = file_on(args.target, args.size) if args.target else raw_stand_in(args.size)
+    where = shared_file(args.target, args.size) if args.target else raw_stand_in(args.size)
     with where as dev:
         for rw, bs, depth in CASES:
             runs: dict[str, list[dict]] = {"fio": [], **{name: [] for name, _ in STEPS}}
