@@ -93,6 +93,21 @@ class Work:
     memory: int = 0  # host memory it needs at once (a vector index's build or searchers)
 
 
+@dataclass(frozen=True)
+class Repetition:
+    """Which of a run's `repeats` whole repetitions a family's run is (`index` of `count`,
+    from 1), for a family that measures a figure once a run (`Family.measures_once`): a figure
+    that repeating cannot move (an accuracy its seed fixes) is measured in the last one only.
+    A run outside a repeated suite (a family command) is the only one, and so the last."""
+
+    index: int = 1
+    count: int = 1
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count
+
+
 class Progress(Protocol):
     """Where a long run says what it is doing; `done` (0..1) is its share of the whole run,
     from which the CLI shows an ETA."""
@@ -239,7 +254,10 @@ class Family:
     flags are made from `fields` (qual/flags.py); `flags` says what the command does beyond
     them. `watch`: a family that watches the others' suites (health) instead of running.
     `tests`: the tests it declares for its suite, each one section of its shared run
-    (SuiteTest); the suite file itself then holds only what no declaration can say."""
+    (SuiteTest); the suite file itself then holds only what no declaration can say.
+    `measures_once`: its run takes `repetition=` (Repetition) and measures some figure in the
+    last repetition of a repeated suite only, since repeating it would measure the same value
+    again (docs/ARCHITECTURE.md, "Repetitions and the gate")."""
 
     name: str
     description: str
@@ -261,6 +279,7 @@ class Family:
         default=lambda profile, criterion, link: [])
     watch: Watcher | None = None
     tests: tuple[SuiteTest, ...] = ()
+    measures_once: bool = False
 
     @property
     def subcommand(self) -> str:

@@ -212,16 +212,17 @@ def with_repetitions(m: Measurement, values: list[float],
 
 def repeated(runs: list[list[Measurement]]) -> list[Measurement]:
     """The measurements of several whole repetitions of a family's run as one set: each the
-    median of its repetitions (the last repetition's context, plus them all)."""
+    median of its repetitions (the last repetition's context, plus them all); one measured in
+    a single repetition (once a run: Family.measures_once) as it was measured, its own
+    interval kept."""
     if len(runs) == 1:
         return runs[0]
     by_id: dict[str, list[Measurement]] = {}
     for run in runs:
         for m in run:
             by_id.setdefault(m.id, []).append(m)
-    return [with_repetitions(ms[-1], [m.value for m in ms],
-                             [m.interval for m in ms])
-            for ms in by_id.values()]
+    return [with_repetitions(ms[-1], [m.value for m in ms], [m.interval for m in ms])
+            if len(ms) > 1 else ms[0] for ms in by_id.values()]
 
 
 @dataclass(frozen=True)

@@ -652,6 +652,26 @@ def test_gnn_command_json(tmp_path):
     assert not list(tmp_path.iterdir())  # what qual made is gone
 
 
+@pytest.mark.slow
+def test_a_repeated_run_validates_once_in_its_last_repetition(tmp_path):
+    """Every repetition trains the same model on the same rows, so the accuracy is validated
+    in the last one only, kept with its own interval; the timed figures are every repetition's."""
+    from qual.workloads.base import Repeated
+
+    table = family_table(gnn.FAMILY, {"scale": 0.01, "fanouts": [3, 2], "steps": 3,
+                                      "warmup": 1, "batch_size": 128})
+    runs = Repeated.of(gnn.FAMILY, Target(str(tmp_path / "t")), table, 2)
+    assert [{k: v["accuracy"] is not None for k, v in o.result["loaders"].items()}
+            for o in runs.outcomes] == [{"gids": False, "mmap": False},
+                                        {"gids": True, "mmap": True}]
+    found = {m.id: m for m in runs.measurements()}
+    speedup, accuracy = found["gnn_speedup"], found["gnn_accuracy[loader=gids]"]
+    assert len(speedup.repetitions) == 2
+    assert accuracy.repetitions is None and accuracy.spread_from == accuracy.context["batches"] > 1
+    assert accuracy.interval[0] <= accuracy.value <= accuracy.interval[1]
+    gnn.remove(Target(str(tmp_path / "t")))
+
+
 def test_bad_gnn_flags_are_refused_before_any_io(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "qual.cli", "gnn", "--target", str(tmp_path),
                            "--fanouts", "3,x"], capture_output=True, text=True)

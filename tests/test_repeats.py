@@ -152,3 +152,7 @@ def test_a_repeated_outcome_judges_the_median_of_whole_runs():
     a = [_seq_read(0.7, [0.6, 0.8]), _seq_read(0.75, [0.65, 0.85])]
     (m,) = repeated([[a[0]], [a[1]]])
     assert m.interval == [0.6, 0.85]
+    # one measured once a run (in the last repetition only) stays as it was measured
+    once = _seq_read(0.7, [0.6, 0.8])
+    (m,) = repeated([[], [], [once]])
+    assert m.value == 0.7 and m.interval == [0.6, 0.8] and m.repetitions is None

@@ -277,8 +277,7 @@ def outcome(request, table, target, progress, repeats):
     seeded = {} if "--seed" in claimed(family.fields) else \
         {"seed": request.config.option.qual_seed}
     try:
-        yield Repeated.run(lambda: family.run(target, table, progress=progress, **seeded),
-                           repeats, progress)
+        yield Repeated.of(family, target, table, repeats, progress, **seeded)
     finally:
         if family.remove and not request.config.option.qual_keep_scratch:
             family.remove(target)

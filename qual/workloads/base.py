@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qual.engine import BACKENDS
-from qual.family import Field, Outcome
+from qual.family import Field, Outcome, Repetition
 from qual.measurement import Measurement, repeated
 
 
@@ -28,7 +28,8 @@ class Repeated(Outcome):
     """A family's whole run repeated (docs/ARCHITECTURE.md §5): every repetition runs all of
     the family's cells (loaders, accelerator counts, checkpoint writes and reads) before the
     next starts, so repetitions interleave across them. Its measurements are each the median of
-    the repetitions, with every repetition and the interval in their context; everything else
+    the repetitions, with every repetition and the interval in their context (a figure the
+    family measures once a run, in the last repetition, as it was measured); everything else
     (the document, texts and charts) is the last repetition's."""
 
     def __init__(self, outcomes: list):
@@ -38,13 +39,23 @@ class Repeated(Outcome):
         self.last = self.outcomes[-1]
 
     @classmethod
-    def run(cls, run: Callable[[], Outcome], repeats: int, progress=None) -> "Repeated":
+    def run(cls, run: Callable[[Repetition], Outcome], repeats: int,
+            progress=None) -> "Repeated":
         outcomes = []
         for r in range(1, repeats + 1):
             if progress and repeats > 1:
                 progress(f"repetition {r} of {repeats}")
-            outcomes.append(run())
+            outcomes.append(run(Repetition(r, repeats)))
         return cls(outcomes)
+
+    @classmethod
+    def of(cls, family, target, table: dict, repeats: int, progress=None,
+           **kw) -> "Repeated":
+        """`family`'s run on `target`, `repeats` times over; a family that measures a figure
+        once a run (Family.measures_once) is told which repetition each run is."""
+        return cls.run(lambda repetition: family.run(
+            target, table, progress=progress, **kw,
+            **({"repetition": repetition} if family.measures_once else {})), repeats, progress)
 
     def measurements(self, section: str | None = None) -> list[Measurement]:
         """Every repetition's measurements (or one section of them), as one set of medians."""

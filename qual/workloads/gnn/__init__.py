@@ -57,21 +57,22 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
         hops += width
     rows = table["batch_size"] * hops
     step = STEP_CPU_S * rates.cpu * rows * table["hidden"] * table["heads"] / STEP_REFERENCE
-    batches = table["epochs"] * (table["warmup"] + table["steps"] + 1 +
-                                 -(-int(0.2 * papers) // table["batch_size"]))
+    batches = table["epochs"] * (table["warmup"] + table["steps"] + 1)
+    checks = -(-int(0.2 * papers) // table["batch_size"])  # validated once a run
     read = 0
     for loader in table["loaders"]:
         faults = rows / (rates.iops_4k / 4) if loader == "mmap" else 0.0
-        seconds += batches * (step + faults)
-        read += batches * rows * table["page_size"]
+        seconds += step + faults
+        read += rows * table["page_size"]
     return [Work("gnn dataset", made, bytes_written=written, space=written,
                  what=f"the IGBH {table['size']} features and their store"),
-            Work("gnn training", seconds, bytes_read=read, repeated=True)]
+            Work("gnn training", batches * seconds, bytes_read=batches * read, repeated=True),
+            Work("gnn validation", checks * seconds, bytes_read=checks * read)]
 
 
 FAMILY = Family(name=NAME, description="GIDS/BaM-style GNN feature loading vs DGL mmap, RGAT on "
                 "IGBH", fields=FIELDS, metrics=METRICS, check=check_table, cells=cells, run=run,
                 remove=remove, plan=_plan, tests=TESTS,
-                filesystem=True, fit=lambda table, room, need: {
+                filesystem=True, measures_once=True, fit=lambda table, room, need: {
                     "scale": table["scale"] * room / need * FIT_MARGIN}
                 if table["dataset"] == "synthetic" else {})

@@ -25,10 +25,11 @@ def measurements(result: dict, target: str) -> list[Measurement]:
                "synthetic": bool(result["dataset"]["synthetic"]), "steps": r["steps"],
                "measured": r["measured"], "setup": r["setup"]}
         timed = {**ctx, **proof} if name == "gids" else ctx
-        out.append(measure(NAME, METRICS["gnn_accuracy"], {"loader": name}, r["accuracy"],
-                           context={**ctx, "batches": r["accuracy_batches"]},
-                           interval=r["accuracy_interval"], interval_confidence=0.95,
-                           spread_from=r["accuracy_batches"]))
+        if r["accuracy"] is not None:  # validated (the last repetition)
+            out.append(measure(NAME, METRICS["gnn_accuracy"], {"loader": name}, r["accuracy"],
+                               context={**ctx, "batches": r["accuracy_batches"]},
+                               interval=r["accuracy_interval"], interval_confidence=0.95,
+                               spread_from=r["accuracy_batches"]))
         out.append(measure(NAME, METRICS["gnn_e2e_s"], {"loader": name}, r["e2e_s"],
                            context={**timed, "stages": r["stages"]}))
         for stage, seconds in r["stages"].items():

@@ -23,7 +23,8 @@ class Training:
     e2e_s: float               # wall time of the measured window
     stages: dict               # stage -> seconds within the measured window
     rows: int                  # feature rows delivered within the measured window
-    accuracy: float            # validation accuracy after training: the mean of its batches
+    accuracy: float | None     # validation accuracy after training: the mean of its batches
+    # (None: not validated, in a repetition before a repeated run's last)
     interval: tuple | None     # its 95 % confidence interval over the batches (None: one)
     batches: int               # validation batches
     losses: list = field(default_factory=list)
@@ -49,10 +50,10 @@ PACE_STEPS = 8  # steps timed (after the first) to estimate how long training wi
 
 def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.ndarray,
           seed: int, window_start=None, window_end=None,
-          progress=None, on_pace=None) -> Training:
+          progress=None, on_pace=None, validate: bool = True) -> Training:
     """Train to the profile's epochs (and at least warm-up + measured steps), timing the steps
     of the measured window end to end (less what the measurement itself spent on a batch); then
-    the validation accuracy. window_start and window_end run around the window (GIDS resets its
+    the validation accuracy, unless not `validate`. window_start and window_end run around the window (GIDS resets its
     counters at the warm-up's end and reports them 100 steps later). on_pace(seconds a step,
     steps in all) is called once, after the first steps, so the caller can say how long the
     run will take."""
@@ -104,7 +105,7 @@ def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.
             if progress and step % 10 == 0:
                 progress(f"{loader.name}: step {step}/{total}, loss {losses[-1]:.3f}", step / total)
         batches.close()
-    mean, interval, batches = accuracy(model, loader, val_ids)
+    mean, interval, batches = accuracy(model, loader, val_ids) if validate else (None, None, 0)
     return Training(loader.name, step, min(measure, max(0, step - warmup)), e2e, stages, rows,
                     mean, interval, batches, losses)
 
