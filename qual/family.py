@@ -96,9 +96,10 @@ class Work:
 @dataclass(frozen=True)
 class Repetition:
     """Which of a run's `repeats` whole repetitions a family's run is (`index` of `count`,
-    from 1), for a family that measures a figure once a run (`Family.measures_once`): a figure
-    that repeating cannot move (an accuracy its seed fixes) is measured in the last one only.
-    A run outside a repeated suite (a family command) is the only one, and so the last."""
+    from 1), for a family that measures a figure once a run (`Family.measures_once`), in the
+    last repetition only: one that repeating cannot move (an accuracy its seed fixes), or one
+    of which only the last repetition's value is used (training's AU ceiling). A run outside
+    a repeated suite (a family command) is the only one, and so the last."""
 
     index: int = 1
     count: int = 1
@@ -256,8 +257,8 @@ class Family:
     `tests`: the tests it declares for its suite, each one section of its shared run
     (SuiteTest); the suite file itself then holds only what no declaration can say.
     `measures_once`: its run takes `repetition=` (Repetition) and measures some figure in the
-    last repetition of a repeated suite only, since repeating it would measure the same value
-    again (docs/ARCHITECTURE.md, "Repetitions and the gate")."""
+    last repetition of a repeated suite only (docs/ARCHITECTURE.md, "Repetitions and the
+    gate")."""
 
     name: str
     description: str

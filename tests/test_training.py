@@ -179,6 +179,19 @@ def test_calibration_reaches_the_ceiling(tmp_path):
         assert r["bytes"] > 0 and r["backend"] in ("io_uring", "psync")
 
 
+def test_a_repeated_sweep_calibrates_in_its_last_repetition_whose_ceiling_is_judged(tmp_path):
+    from qual.workloads.base import Repeated
+
+    runs = Repeated.of(training.FAMILY, Target(tmp_path), table(computation_time="5 ms"), 2)
+    assert [list(o.result["calibration"]) for o in runs.outcomes] == [[], [1]]
+    found = {m.id: m for m in runs.measurements()}
+    au = found["train_au[accelerators=1,epochs=1]"]
+    assert len(au.repetitions) == 2
+    assert au.ceiling == runs.last.result["calibration"][1]["au_mean"] == \
+        found["train_au_ceiling[accelerators=1]"].value
+    training.remove(Target(tmp_path))
+
+
 def test_every_accelerator_runs_the_same_steps(tmp_path):
     # 64 files, batch 7, 3 accelerators: floor(64 / 7 / 3) = 3 steps each, 1 file left over
     outcome = training.run(Target(tmp_path), table(files=64, accelerators=[3], epochs=[2],

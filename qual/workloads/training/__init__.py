@@ -55,23 +55,25 @@ TESTS = (
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     """The suite's tests share one sweep (its module's `outcome`, run `repeats` times over the
-    dataset written once): per accelerator count a calibration epoch without storage and each epochs value, every
-    epoch as long as its compute or its reads, whichever is longer."""
+    dataset written once): per accelerator count each epochs value, every epoch as long as its
+    compute or its reads, whichever is longer, and once a run a calibration epoch without
+    storage."""
     if not declares(TESTS, test):
         return []
     w = workload_of(table)
     data = w.files * w.file_bytes
-    seconds, read = 0.0, 0
+    seconds, calibration, read = 0.0, 0.0, 0
     for n in table["accelerators"]:
         steps = configs.steps_per_epoch(w, n)
         compute = steps * w.computation_time
         epoch_bytes = steps * w.batch * n * w.record_length
-        epoch = max(compute, epoch_bytes / rates.read_bw)
-        seconds += compute * bool(table["calibrate"]) + sum(table["epochs"]) * epoch
+        seconds += sum(table["epochs"]) * max(compute, epoch_bytes / rates.read_bw)
+        calibration += compute * bool(table["calibrate"])
         read += sum(table["epochs"]) * epoch_bytes
     return [Work("training dataset", data / rates.write_bw, bytes_written=data, space=data,
                  what=f"the {w.name} dataset ({w.files} files)"),
-            Work("training sweep", seconds, bytes_read=read, repeated=True)]
+            Work("training sweep", seconds, bytes_read=read, repeated=True),
+            Work("training calibration", calibration)]
 
 
 def _feasible(profile, criterion, link) -> list[str]:
@@ -103,7 +105,7 @@ def _feasible(profile, criterion, link) -> list[str]:
 FAMILY = Family(name=NAME, description="DLIO-style training-data ingestion with simulated "
                 "accelerators: AU, samples/s, bandwidth", fields=FIELDS, metrics=METRICS,
                 check=check_table, cells=cells, run=run, remove=remove, command="train",
-                plan=_plan, filesystem=True, tests=TESTS,
+                plan=_plan, filesystem=True, tests=TESTS, measures_once=True,
                 fit=_fit,
                 flags=Flags(defaults=_defaults,
                             explain=lambda table: explain(table, host_memory())), feasible=_feasible)

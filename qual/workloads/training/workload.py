@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from qual import engine
+from qual.family import Repetition
 from qual.targets import Target
 from qual.workloads.training import accelerators, configs, dataset
 from qual.workloads.training.accelerators import Epoch, Plan
@@ -117,9 +118,11 @@ def _summary(epochs: list[Epoch], plan: Plan, backend: str, table: dict, n: int,
 
 
 def run(target: Target, table: dict, *, seed: int | None = None, faults=(),
-        progress=None) -> TrainingOutcome:
+        progress=None, repetition: Repetition = Repetition()) -> TrainingOutcome:
     """The sweep of the profile: the dataset (generated once), then for every accelerator count
-    a calibration run without storage and a run per epochs value."""
+    a calibration run without storage and a run per epochs value. A repeated run calibrates in
+    its last repetition only: the ceiling judged with the median AU is the last repetition's
+    (Repeated.measurements), so the earlier repetitions' calibrations decided nothing."""
     w = workload_of(table)
     if seed is None:
         seed = table.get("shuffle_seed")
@@ -133,7 +136,8 @@ def run(target: Target, table: dict, *, seed: int | None = None, faults=(),
            "dataset": data.as_dict(), "host_memory": memory, "shuffle_seed": seed,
            "au_floor": au_floor(table), "generate_s": time.perf_counter() - t0,
            "rule": {}, "calibration": {}, "runs": []}
-    points = len(table["accelerators"]) * (len(table["epochs"]) + bool(table["calibrate"]))
+    calibrate = table["calibrate"] and repetition.last
+    points = len(table["accelerators"]) * (len(table["epochs"]) + calibrate)
     done = 0
 
     def say(message, _=None):
@@ -143,7 +147,7 @@ def run(target: Target, table: dict, *, seed: int | None = None, faults=(),
         need = configs.minimum_files(w, n, memory)
         out["rule"][n] = {"files": data.files, "minimum_files": need,
                           "share": data.files / need}
-        if table["calibrate"]:
+        if calibrate:
             out["calibration"][n] = _sweep_point(data, table, target, n, 1, seed,
                                                  calibration=True, progress=say)
             done += 1
