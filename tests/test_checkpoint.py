@@ -26,6 +26,7 @@ from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import checkpoint
 from qual.workloads.checkpoint import ranks
+from qual.workloads.checkpoint.group import ForkedGroup, PeerLost
 from qual.workloads.checkpoint.plan import (DTYPE_BYTES, MLPERF_LAYOUTS, REFERENCES, Layout,
                                             build_plan, describe)
 from qual.workloads.checkpoint.store import MANIFEST, CheckpointStore, IncompleteCheckpoint
@@ -439,7 +440,7 @@ def test_a_rank_error_stops_every_rank(tmp_path):
 
 @pytest.mark.slow
 def test_the_first_rank_to_fail_ends_the_others_at_once(tmp_path):
-    """Rank 1 fails before it joins the process group (its log cannot be opened); rank 0,
+    """Rank 1 fails before it joins its ranks (its log cannot be opened); rank 0,
     which would wait for it up to the job's 60 s timeout, is ended at once, and the error
     names rank 1 with what it said."""
     (tmp_path / "rank-00001.log").mkdir()
@@ -451,6 +452,77 @@ def test_the_first_rank_to_fail_ends_the_others_at_once(tmp_path):
     assert time.monotonic() - started < 30
     exits = json.loads((tmp_path / ranks.EXITS).read_text())
     assert exits == {"1": 1, "0": -signal.SIGKILL}
+
+
+def _forked_ranks(world: int, timeout_s: float, rank_does) -> tuple[ForkedGroup, dict]:
+    """A ForkedGroup of `world` ranks: ranks 1.. forked, each running rank_does(group, rank)
+    and exiting with what it returns; this process joins as rank 0. Returns the group and
+    the forked ranks' pids by rank."""
+    group = ForkedGroup(world, timeout_s)
+    pids = {}
+    for rank in range(1, world):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = rank_does(group.joined(rank), rank)
+            finally:
+                os._exit(code)
+        pids[rank] = pid
+    return group.joined(0), pids
+
+
+def _exits(pids: dict, within_s: float = 10) -> dict:
+    deadline, out = time.monotonic() + within_s, {}
+    while pids.keys() - out.keys() and time.monotonic() < deadline:
+        for rank, pid in pids.items():
+            if rank not in out and (done := os.waitpid(pid, os.WNOHANG))[0]:
+                out[rank] = os.waitstatus_to_exitcode(done[1])
+        time.sleep(0.01)
+    for rank in pids.keys() - out.keys():  # never left running
+        os.kill(pids[rank], signal.SIGKILL)
+        os.waitpid(pids[rank], 0)
+    return out
+
+
+def test_forked_ranks_gather_to_rank_0_and_hear_its_broadcast():
+    """Rank 0 gathers every rank's object in rank order, larger than a pipe holds, and each
+    rank hears what rank 0 broadcasts, past a barrier."""
+    blob = bytes(range(256)) * 4096  # 1 MiB: many times a pipe's buffer
+
+    def rank_does(group, rank):
+        group.barrier()
+        group.gather({"rank": rank, "blob": blob})
+        return 0 if group.broadcast(None) == ("go", 7) else 3
+    group, pids = _forked_ranks(4, 10, rank_does)
+    try:
+        group.barrier()
+        got = group.gather({"rank": 0, "blob": blob})
+        group.broadcast(("go", 7))
+    finally:
+        group.close()
+    assert [g["rank"] for g in got] == [0, 1, 2, 3] and all(g["blob"] == blob for g in got)
+    assert _exits(pids) == {1: 0, 2: 0, 3: 0}
+
+
+@pytest.mark.parametrize("rank_does, errno_, said", [
+    (lambda group, rank: 1, errno.EPIPE, "rank 1 left the checkpoint's ranks"),
+    (lambda group, rank: time.sleep(30) or 0, errno.ETIMEDOUT,
+     "rank 0 waited 0.5 s for rank 1"),
+], ids=["a rank that exits", "a rank that never answers"])
+def test_rank_0_learns_at_once_that_a_rank_left_and_waits_no_longer_than_the_timeout(
+        rank_does, errno_, said):
+    """A rank that exits is an end of file to rank 0 at once (every other process closed its
+    end of the pipe), not a wait; one that never answers is given up after the timeout."""
+    group, pids = _forked_ranks(3, 0.5, rank_does)
+    started = time.monotonic()
+    try:
+        with pytest.raises(PeerLost, match=said) as raised:
+            group.gather(None)
+    finally:
+        group.close()
+        _exits(pids, within_s=0)
+    assert raised.value.errno == errno_ and time.monotonic() - started < 5
 
 
 def _job(tmp_path, plan):
@@ -672,8 +744,8 @@ def test_subset_mode_writes_this_hosts_share_and_reads_it_back_from_the_device(t
 @pytest.mark.slow
 def test_the_failing_ranks_own_error_is_shown_not_a_peers(misbehaving, tmp_path, failing):
     """A drive that returns EIO inside one rank's file during a restore: that rank fails with
-    a device error naming the file and offset; its peer then loses the process group
-    ("Connection closed"). What the user sees is the failing rank's own error, whichever rank
+    a device error naming the file and offset; its peer then finds it gone ("rank N left the
+    checkpoint's ranks"). What the user sees is the failing rank's own error, whichever rank
     it is."""
     name = f"qual-checkpoints/ckpt-000001/rank-{failing:05d}.bin"
     storage = misbehaving("--eio", f"{name}:{1 << 20}:4096")
@@ -688,4 +760,4 @@ def test_the_failing_ranks_own_error_is_shown_not_a_peers(misbehaving, tmp_path,
     (error,) = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert f"rank {failing}: " in error and error.endswith("[EIO]"), proc.stderr
     assert f"rank-{failing:05d}.bin: read at offset" in error, error
-    assert "Connection closed" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "left the checkpoint's ranks" not in proc.stderr and "Traceback" not in proc.stderr

@@ -1,13 +1,13 @@
-"""One checkpoint rank as a process: joins the torch.distributed (gloo) group, writes its share
-of every checkpoint from a common barrier, restores and verifies it, and times torch.save and
-torch.load of the same tensors; rank 0 commits each checkpoint and writes the results.
+"""One checkpoint rank as a process: joins its ranks' group (qual.workloads.checkpoint.group),
+writes its share of every checkpoint from a common barrier, restores and verifies it, and
+times torch.save and torch.load of the same tensors; rank 0 commits each checkpoint and writes
+the results.
 
 Started by torchrun, or by the workload's launcher through `local_ranks`: one process that
-imports torch once and forks each local rank from itself (eight ranks importing torch each
-took 8 x 1.7 s of CPU, on two cores most of a ci checkpoint run). A rank reads RANK and
-WORLD_SIZE as torchrun sets them; torchrun's ranks meet at MASTER_ADDR:MASTER_PORT, the
-launcher's at a file in its own folder (`RankJob.rendezvous`): a port picked free and closed
-again can be taken by anything else on the host before rank 0 listens on it.
+forks each local rank from itself, the ranks meeting through pipes it made (no port, no torch:
+eight ranks importing torch each took 8 x 1.7 s of CPU, and one import 1.6 s of a 4 s ci
+checkpoint run). A rank reads RANK and WORLD_SIZE as torchrun sets them; torchrun's ranks meet
+in a gloo group at its MASTER_ADDR:MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from qual import engine, honesty, watchdog
 from qual.engine import DataMismatch, QualError
 from qual.targets import device_stat
 from qual.targets.scratch import drop_cache
+from qual.workloads.checkpoint.group import ForkedGroup, TorchGroup
 from qual.workloads.checkpoint.plan import RankPlan, plan_from
 from qual.workloads.checkpoint.store import (CheckpointStore, IncompleteCheckpoint, load,
                                              rank_file)
@@ -72,8 +72,7 @@ class RankJob:
     store the checkpoints go into (None where a set is read back from wherever it lies,
     `restore_path`); `device`: "major:minor" of the target's block device where every rank runs
     on this host (its counters are then the checkpoint's), else None; `progress`: the file rank
-    0's progress lines go to; `rendezvous`: the file the launcher's ranks meet at (torchrun's,
-    None, meet where its environment says)."""
+    0's progress lines go to."""
 
     plan: dict
     chunk_size: int
@@ -99,7 +98,11 @@ class RankJob:
     faults: list[dict] = field(default_factory=list)  # tests: engine.Fault fields, every rank
     device: str | None = None
     progress: str | None = None
-    rendezvous: str | None = None
+
+    @property
+    def times_torch(self) -> bool:
+        """Whether the ranks time torch.save and torch.load (the passes procedure's baseline)."""
+        return self.baseline and self.procedure != "mlperf-v2" and self.root is not None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -110,10 +113,8 @@ class RankJob:
 
 
 class Rank:
-    def __init__(self, job: RankJob, rank: int, world: int):
-        import torch.distributed as dist
-
-        self.dist = dist
+    def __init__(self, job: RankJob, rank: int, world: int, group):
+        self.group = group  # ForkedGroup or TorchGroup: barrier, gather, broadcast
         self.job, self.rank, self.world = job, rank, world
         self.plan = plan_from(job.plan)
         if world > len(self.plan.ranks):
@@ -144,16 +145,6 @@ class Rank:
                 "backend": j.backend, "direct": j.direct,
                 "faults": tuple(engine.Fault(**f) for f in j.faults)}
 
-    def gather(self, obj):
-        out = [None] * self.world if self.rank == 0 else None
-        self.dist.gather_object(obj, out, dst=0)
-        return out
-
-    def broadcast(self, obj):
-        box = [obj]
-        self.dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def device(self):
         if self.dev is None or self.rank != 0:
             return None
@@ -176,7 +167,7 @@ class Rank:
         if self.rank == 0:
             self.store.begin(name)
         before = self.device()
-        self.dist.barrier()
+        self.group.barrier()
         t0 = time.monotonic()
         crcs, res = engine.write_checkpoint_file(str(partial / rank_file(self.rank)), self.spans,
                                                  self.file_size, **self.io())
@@ -187,7 +178,7 @@ class Rank:
                 "crcs": crcs, "tensors": table, "seconds": seconds, "bytes": self.me.nbytes,
                 "backend": res.backend, "sync_s": res.sync, "cpu_s": res.cpu_user + res.cpu_sys,
                 "zero_copy_bytes": res.zero_copy_bytes}
-        everyone = self.gather(info)
+        everyone = self.group.gather(info)
         if self.rank != 0:
             return None
         timing = [{k: r.pop(k) for k in ("seconds", "bytes", "backend", "sync_s", "cpu_s",
@@ -219,7 +210,7 @@ class Rank:
                 found = {"path": str(done[-1]), "manifest": load(done[-1])}
             except (DataMismatch, IncompleteCheckpoint) as e:
                 found = {"error": str(e)}
-        found = self.broadcast(found)
+        found = self.group.broadcast(found)
         # the tensors restored into exist before the restore (a model in memory): their pages
         # are touched here, not inside the timed read
         dst = engine.aligned_empty(self.pool_bytes)
@@ -238,7 +229,7 @@ class Rank:
                 path = Path(found["path"]) / mine["file"]
                 drop_cache(path)
         before = self.device()
-        self.dist.barrier()
+        self.group.barrier()
         t0 = time.monotonic()
         if path is not None:
             try:
@@ -257,7 +248,7 @@ class Rank:
                                     for t, pos in zip(self.me.tensors, self.positions))
             if not outcome["intact"]:
                 outcome["error"] = "restored bytes differ from the bytes written"
-        everyone = self.gather(outcome)
+        everyone = self.group.gather(outcome)
         if self.rank != 0:
             return None
         after = self.device()
@@ -290,7 +281,7 @@ class Rank:
         if self.rank == 0:
             folder.mkdir(exist_ok=True)
         path = folder / f"rank-{self.rank:05d}.pt"
-        self.dist.barrier()
+        self.group.barrier()
         t0 = time.monotonic()
         with open(path, "wb") as f:
             torch.save(state, f)
@@ -299,7 +290,7 @@ class Rank:
         save_s = time.monotonic() - t0
         drop_cache(path)
         before = self.device()
-        self.dist.barrier()
+        self.group.barrier()
         t0 = time.monotonic()
         loaded = torch.load(path, weights_only=True)
         load_s = time.monotonic() - t0
@@ -307,10 +298,10 @@ class Rank:
         same = all(torch.equal(loaded[k].view(torch.uint8), v.view(torch.uint8))
                    for k, v in state.items())
         file_bytes = path.stat().st_size
-        everyone = self.gather({"save_s": save_s, "load_s": load_s, "bytes": size,
+        everyone = self.group.gather({"save_s": save_s, "load_s": load_s, "bytes": size,
                                 "file_bytes": file_bytes, "same": same})
         path.unlink()
-        self.dist.barrier()  # every rank's file is gone before rank 0 removes the folder
+        self.group.barrier()  # every rank's file is gone before rank 0 removes the folder
         if self.rank != 0:
             return None
         folder.rmdir()
@@ -336,7 +327,7 @@ class Rank:
             if self.rank == 0:
                 runs.append({"run": run, "writes": writes, "reads": reads})
                 self.store.prune(self.job.retention)
-            self.dist.barrier()
+            self.group.barrier()
         return runs
 
     def run(self) -> dict | None:
@@ -346,7 +337,7 @@ class Rank:
             return self.results(restore=restore) if self.rank == 0 else None
         # rank 0 decides where numbering starts and how many checkpoints a pass holds: ranks
         # on other hosts may see the filesystem a moment later and count differently
-        start, per_pass = self.broadcast((self.store.next_name(), job.per_pass)
+        start, per_pass = self.group.broadcast((self.store.next_name(), job.per_pass)
                                          if self.rank == 0 else None)
         seq = int(start.split("-")[1])
         if job.procedure == "mlperf-v2":
@@ -365,9 +356,9 @@ class Rank:
                              f"in {rec['seconds']:.2f} s ({rec['bytes'] / rec['seconds'] / 1e9:.2f} GB/s)")
             if self.rank == 0:
                 self.store.prune(job.retention)
-            self.dist.barrier()
+            self.group.barrier()
         restore = self.restore() if job.restore else None
-        baseline = self.torch_baseline() if job.baseline else None
+        baseline = self.torch_baseline() if job.times_torch else None
         if self.rank != 0:
             return None
         return self.results(checkpoints=checkpoints, restore=restore, torch=baseline)
@@ -389,27 +380,24 @@ def _write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_rank(job: RankJob) -> dict | None:
+def run_rank(job: RankJob, group: ForkedGroup | None = None) -> dict | None:
     """This process as the rank RANK of WORLD_SIZE (set by the launcher or by torchrun): joins
-    the group, runs every phase, leaves; rank 0 returns the results, the others None."""
-    import torch.distributed as dist
-
+    the group (the launcher's, or torchrun's gloo group), runs every phase, leaves; rank 0
+    returns the results, the others None."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            init_method=f"file://{job.rendezvous}" if job.rendezvous else "env://",
-                            timeout=timedelta(seconds=job.timeout_s))
+    group = group.joined(rank) if group else TorchGroup(rank, world, job.timeout_s)
     try:
-        return Rank(job, rank, world).run()
+        return Rank(job, rank, world, group).run()
     finally:
-        dist.destroy_process_group()
+        group.close()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], group: ForkedGroup | None = None) -> int:
     """A rank started by the workload's launcher: results and errors go to files."""
     job = RankJob.from_json(Path(argv[0]).read_text())
     rank = int(os.environ["RANK"])
     try:
-        result = run_rank(job)
+        result = run_rank(job, group)
         if result is not None:
             _write_json(Path(job.result), result)
         return 0
@@ -434,9 +422,11 @@ def local_ranks(argv: list[str]) -> int:
     others (SIGKILL: a rank holds nothing that needs an orderly end; the launcher removes the
     partial checkpoints). Each rank's exit status goes to WORKDIR/exits.json; returns the first
     failure's, else 0. A SIGTERM ends this process, and its ranks with it."""
-    import torch.distributed  # noqa: F401 - imported once here, shared by every forked rank
-
     job_path, processes, workdir = argv[0], int(argv[1]), Path(argv[2])
+    job = RankJob.from_json(Path(job_path).read_text())
+    if job.times_torch:
+        import torch  # noqa: F401 - for torch.save's baseline: imported once, shared by every rank
+    group = ForkedGroup(processes, job.timeout_s)
     me = os.getpid()
     children = {}
     for rank in range(processes):
@@ -451,7 +441,7 @@ def local_ranks(argv: list[str]) -> int:
                 os.dup2(log, 1)
                 os.dup2(log, 2)
                 os.close(log)
-                status = main([job_path])
+                status = main([job_path], group)
             except BaseException:  # noqa: BLE001 - said in the rank's log, then it exits 1
                 traceback.print_exc()
             finally:
@@ -459,6 +449,7 @@ def local_ranks(argv: list[str]) -> int:
                 sys.stderr.flush()
                 os._exit(status)
         children[pid] = rank
+    group.close()  # the ranks hold the pipes: one that dies is an end of file to rank 0
     exits, first = {}, 0
     while children:
         pid, status = os.wait()

@@ -52,8 +52,7 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
     If one rank fails, the others are stopped and its error is raised here. Rank 0's progress
     lines go to `progress` as they come."""
     said = workdir / "progress.log"
-    job = dataclasses.replace(job, progress=str(said) if progress else None,
-                              rendezvous=str(workdir / "rendezvous"))
+    job = dataclasses.replace(job, progress=str(said) if progress else None)
     seen = 0
     job_path = workdir / "job.json"
     job_path.write_text(job.to_json())
@@ -81,7 +80,7 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
     # the cause: an engine error (ENOSPC, EIO, ...) before any other failure, since a rank
     # that lost its peer may catch that before the failing rank has caught its own
     errors = sorted((json.loads(p.read_text()) for p in Path(job.errors).glob("rank-*.json")),
-                    key=lambda e: ("trace" in e, e["at"]))
+                    key=lambda e: ("trace" in e or e["class"] == "PeerLost", e["at"]))
     if errors:
         e = errors[0]
         cls = error_for(e["errno"])
