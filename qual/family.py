@@ -96,13 +96,18 @@ class Work:
 @dataclass(frozen=True)
 class Repetition:
     """Which of a run's `repeats` whole repetitions a family's run is (`index` of `count`,
-    from 1), for a family that measures a figure once a run (`Family.measures_once`), in the
-    last repetition only: one that repeating cannot move (an accuracy its seed fixes), or one
-    of which only the last repetition's value is used (training's AU ceiling). A run outside
-    a repeated suite (a family command) is the only one, and so the last."""
+    from 1), for a family that measures a figure once a run (`Family.measures_once`): in the
+    last repetition where nothing later needs it (an accuracy its seed fixes, training's AU
+    ceiling, of which only the last repetition's is judged), in the first where the later
+    ones use what it made (a vector index, built once and searched in each). A run outside a
+    repeated suite (a family command) is the only one, so both the first and the last."""
 
     index: int = 1
     count: int = 1
+
+    @property
+    def first(self) -> bool:
+        return self.index == 1
 
     @property
     def last(self) -> bool:
@@ -256,9 +261,8 @@ class Family:
     them. `watch`: a family that watches the others' suites (health) instead of running.
     `tests`: the tests it declares for its suite, each one section of its shared run
     (SuiteTest); the suite file itself then holds only what no declaration can say.
-    `measures_once`: its run takes `repetition=` (Repetition) and measures some figure in the
-    last repetition of a repeated suite only (docs/ARCHITECTURE.md, "Repetitions and the
-    gate")."""
+    `measures_once`: its run takes `repetition=` (Repetition) and measures some figure in one
+    repetition of a repeated suite only (docs/ARCHITECTURE.md, "Repetitions and the gate")."""
 
     name: str
     description: str

@@ -70,6 +70,35 @@ def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, r
     assert not (folder / "qual-vectordb").exists()
 
 
+@pytest.mark.slow
+def test_a_repeated_run_builds_its_index_once_and_searches_it_in_every_repetition(tmp_path):
+    """As MLPerf Storage loads its collection once and searches it five times: the first
+    repetition writes the vectors and builds, every repetition searches the same index, the
+    build's figures are that one build's, and the folder goes after the last repetition."""
+    from qual.targets import Target
+    from qual.thresholds import family_table
+    from qual.workloads import vectordb
+    from qual.workloads.base import Repeated
+
+    table = family_table(vectordb.FAMILY, {
+        "vectors": 2000, "dimensions": 32, "clusters": 16, "queries": 200,
+        "recall_queries": 50, "search_lists": [10, 40], "searchers": 1})
+    seen = []
+
+    def progress(message, done=None):
+        seen.append((message, [p.name for p in (tmp_path / "qual-vectordb").glob("run-*")]))
+    runs = Repeated.of(vectordb.FAMILY, Target(tmp_path), table, 3, progress)
+    assert [o.result["build"] is not None for o in runs.outcomes] == [True, False, False]
+    kept = [folders for message, folders in seen if message == "repetition 3 of 3"]
+    assert kept == [[f"run-{os.getpid()}"]]  # the index waited for the later repetitions
+    found = {m.id: m for m in runs.measurements()}
+    assert found["vdb_build_time"].repetitions is None  # one build, one figure
+    recall = found["vdb_recall[search_list=40,k=10]"]
+    assert len(recall.repetitions) == 3 and len(set(recall.repetitions)) == 1  # one index
+    assert all(s["read_bytes"] > 0 for o in runs.outcomes for s in o.result["searches"])
+    assert not list((tmp_path / "qual-vectordb").glob("run-*"))
+
+
 @needs_root
 def test_a_searchers_page_ins_count_the_pages_of_a_mapped_file_read_back(loop_device):
     """`page_ins`, what a search list allows between the searchers' bytes and the drive's:
