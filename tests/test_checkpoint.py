@@ -2,6 +2,7 @@
 known data, atomic commit and restore integrity, ENOSPC on a real small filesystem, and
 ranks as real processes."""
 
+import dataclasses
 import errno
 import json
 import math
@@ -523,6 +524,32 @@ def test_rank_0_learns_at_once_that_a_rank_left_and_waits_no_longer_than_the_tim
         group.close()
         _exits(pids, within_s=0)
     assert raised.value.errno == errno_ and time.monotonic() - started < 5
+
+
+def test_the_failing_ranks_error_is_the_cause_not_a_peer_that_lost_it_earlier():
+    """A rank that lost its peer (its pipe closed, or gloo's trace) may write its error
+    before the failing rank writes its own: the launcher reports the engine's error."""
+    lost = {"rank": 0, "errno": errno.EPIPE, "message": "rank 1 left the checkpoint's ranks",
+            "class": "PeerLost", "at": 1.0}
+    gloo = {"rank": 2, "errno": errno.EIO, "message": "RuntimeError: Connection closed",
+            "trace": "...", "class": "QualError", "at": 1.5}
+    eio = {"rank": 1, "errno": errno.EIO, "message": "read at offset 4096", "class": "DeviceError",
+           "at": 2.0}
+    assert checkpoint.workload.cause([lost, gloo, eio]) == eio
+    assert checkpoint.workload.cause([gloo, lost]) == lost  # none said more: the first
+    assert checkpoint.workload.cause([]) is None
+
+
+@pytest.mark.parametrize("procedure, baseline, root, times", [
+    ("passes", True, "/x", True), ("passes", False, "/x", False),
+    ("mlperf-v2", True, "/x", False), ("passes", True, None, False)])
+def test_the_ranks_time_torch_save_only_where_a_run_of_passes_asks_for_its_baseline(
+        tmp_path, procedure, baseline, root, times):
+    """Only then does the ranks' parent import torch (1.6 s) before it forks them: the ci
+    profile's baseline = yes under mlperf-v2, which never runs it, imported it for nothing."""
+    job = dataclasses.replace(_job(tmp_path, {}), procedure=procedure, baseline=baseline,
+                              root=root)
+    assert job.times_torch is times
 
 
 def _job(tmp_path, plan):

@@ -90,6 +90,7 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
     plan = plan_of(table)
     processes = table["ranks"] or len(plan.ranks)
     one = sum(r.nbytes for r in plan.ranks[:processes])
+    start = RANK_START_CPU_S
     if table["procedure"] == "mlperf-v2":
         per_pass = table["per_pass"] or MLPERF_CHECKPOINTS
         written = read = table["runs"] * per_pass * one
@@ -102,10 +103,9 @@ def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:
             torch_bytes = min(table["baseline_bytes"], max(r.nbytes for r in plan.ranks))
             written += torch_bytes * processes
             read += torch_bytes * processes
-    start = (RANK_START_CPU_S + TORCH_IMPORT_CPU_S * (table["baseline"] and not
-                                                     table["write_only"] and
-                                                     table["procedure"] != "mlperf-v2")) * rates.cpu
-    return [Work("checkpoint run", start + written / rates.write_bw + read / rates.read_bw,
+            start += TORCH_IMPORT_CPU_S
+    return [Work("checkpoint run",
+                 start * rates.cpu + written / rates.write_bw + read / rates.read_bw,
                  bytes_written=written, bytes_read=read, space=per_pass * one, repeated=True,
                  what=f"{per_pass} checkpoint(s) of {format_size(one)} ({table['model']}, "
                       f"{processes} rank(s))")]

@@ -80,7 +80,7 @@ class ForkedGroup:
             os.close(fd)
         self.open = keep
         for fd in keep:
-            os.set_blocking(fd, False)  # every wait goes through select, with its bound
+            os.set_blocking(fd, False)  # every wait goes through poll, with its bound
         return self
 
     def close(self) -> None:
@@ -107,10 +107,10 @@ class ForkedGroup:
         return obj
 
     def _wait(self, fd: int, peer: int, deadline: float, *, write: bool) -> None:
-        left = deadline - time.monotonic()
-        ready = select.select([], [fd], [], max(0.0, left)) if write else \
-            select.select([fd], [], [], max(0.0, left))
-        if not any(ready):
+        # poll, not select: select cannot watch a descriptor above 1023
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT if write else select.POLLIN)
+        if not poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             raise PeerLost(errno.ETIMEDOUT, f"rank {self.rank} waited {self.timeout_s:g} s for "
                             f"rank {peer} of the checkpoint's ranks")
 

@@ -77,12 +77,8 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
             time.sleep(0.1)
     finally:
         _stop(proc)
-    # the cause: an engine error (ENOSPC, EIO, ...) before any other failure, since a rank
-    # that lost its peer may catch that before the failing rank has caught its own
-    errors = sorted((json.loads(p.read_text()) for p in Path(job.errors).glob("rank-*.json")),
-                    key=lambda e: ("trace" in e or e["class"] == "PeerLost", e["at"]))
-    if errors:
-        e = errors[0]
+    e = cause([json.loads(p.read_text()) for p in Path(job.errors).glob("rank-*.json")])
+    if e:
         cls = error_for(e["errno"])
         raise cls(e["errno"], f"rank {e['rank']}: {e['message']}", op=e.get("op"),
                   offset=e.get("offset"), target=e.get("target"))
@@ -97,6 +93,14 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
         tail = (log if log.is_file() else workdir / "ranks.log").read_text(errors="replace")
         raise QualError(errno.EIO, f"rank {bad} exited with {proc.returncode}: {tail[-2000:]}")
     return json.loads(Path(job.result).read_text())
+
+
+def cause(errors: list[dict]) -> dict | None:
+    """Of the errors the ranks wrote, the one to report: the first engine error (ENOSPC, EIO,
+    ...) before any other failure, since a rank that lost its peer (PeerLost, or a trace from
+    gloo) may catch that before the failing rank has caught its own."""
+    return min(errors, key=lambda e: ("trace" in e or e["class"] == "PeerLost", e["at"]),
+               default=None)
 
 
 def _stop(proc: subprocess.Popen) -> None:
