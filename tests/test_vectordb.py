@@ -87,7 +87,14 @@ def test_a_repeated_run_builds_its_index_once_and_searches_it_in_every_repetitio
 
     def progress(message, done=None):
         seen.append((message, [p.name for p in (tmp_path / "qual-vectordb").glob("run-*")]))
-    runs = Repeated.of(vectordb.FAMILY, Target(tmp_path), table, 3, progress)
+    exact = []
+    original = data.exact_neighbours
+    data.exact_neighbours = lambda *a: exact.append(1) or original(*a)  # counted, not replaced
+    try:
+        runs = Repeated.of(vectordb.FAMILY, Target(tmp_path), table, 3, progress)
+    finally:
+        data.exact_neighbours = original
+    assert exact == [1]  # the exact search is the first repetition's, as the index is
     assert [o.result["build"] is not None for o in runs.outcomes] == [True, False, False]
     kept = [folders for message, folders in seen if message == "repetition 3 of 3"]
     assert kept == [[f"run-{os.getpid()}"]]  # the index waited for the later repetitions

@@ -29,7 +29,7 @@ class Repeated(Outcome):
     the family's cells (loaders, accelerator counts, checkpoint writes and reads) before the
     next starts, so repetitions interleave across them. Its measurements are each the median of
     the repetitions, with every repetition and the interval in their context (a figure the
-    family measures once a run, in the last repetition, as it was measured); everything else
+    family measures once a run, in one repetition, as it was measured); everything else
     (the document, texts and charts) is the last repetition's."""
 
     def __init__(self, outcomes: list):

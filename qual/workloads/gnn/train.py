@@ -53,10 +53,10 @@ def train(loader, relations, *, table: dict, train_ids: np.ndarray, val_ids: np.
           progress=None, on_pace=None, validate: bool = True) -> Training:
     """Train to the profile's epochs (and at least warm-up + measured steps), timing the steps
     of the measured window end to end (less what the measurement itself spent on a batch); then
-    the validation accuracy, unless not `validate`. window_start and window_end run around the window (GIDS resets its
-    counters at the warm-up's end and reports them 100 steps later). on_pace(seconds a step,
-    steps in all) is called once, after the first steps, so the caller can say how long the
-    run will take."""
+    the validation accuracy, unless not `validate`. window_start and window_end run around the
+    window (GIDS resets its counters at the warm-up's end and reports them 100 steps later).
+    on_pace(seconds a step, steps in all) is called once, after the first steps, so the caller
+    can say how long the run will take."""
     torch.manual_seed(seed)
     model = RGAT(relations, FEATURE_DIM, table["hidden"], table["heads"], table["classes"],
                  len(table["fanouts"])).to(loader.device)

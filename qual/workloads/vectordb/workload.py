@@ -82,31 +82,31 @@ def run(target: Target, table: dict, *, progress=None,
 
 
 def _run(target: Target, table: dict, folder: Path, say, *, build: bool) -> dict:
-    """The vectors written and the index built (unless `build` is false: an earlier
-    repetition built it in `folder`), then every search list searched."""
+    """The vectors written, the index built and the sample's exact neighbours found (unless
+    `build` is false: an earlier repetition did all three in `folder`), then every search list
+    searched. The searches read the index by O_DIRECT: each repetition's come from the drive."""
     n, d = table["vectors"], table["dimensions"]
     lists = table["search_lists"]
     steps = 2 + len(lists)  # vectors, build, then one per search list
-    vectors_path = folder / "vectors.bin"
-    queries = data.queries(table)
-    index = folder / "index"
+    index, truth_path = folder / "index", folder / "truth.npy"
     built = None
     if build:
         say(f"vectordb: writing {n:,} vectors of {d} dimensions", 0.0)
+        vectors_path = folder / "vectors.bin"
         data.write_vectors(vectors_path, table)
+        queries = data.queries(table)
         np.save(folder / "queries.npy", queries)
         index.mkdir()
         say(f"vectordb: building the disk index (degree {table['graph_degree']}, build list "
             f"{table['build_list']}, {pq_chunks(table)} B of PQ code a vector)", 1 / steps)
         built = _build(target, table, folder, vectors_path, index)
+        np.save(truth_path, data.exact_neighbours(data.read_vectors(vectors_path),
+                                                  queries[:table["recall_queries"]], table["k"]))
+        drop_cache(vectors_path)
         (folder / BUILT).write_text(json.dumps({"seconds": built["seconds"]}))
     else:
         say("vectordb: searching the index this run's first repetition built", 2 / steps)
-        for p in index.iterdir():  # every repetition's searches start from the drive
-            drop_cache(p)
-    truth = data.exact_neighbours(data.read_vectors(vectors_path),
-                                  queries[:table["recall_queries"]], table["k"])
-    drop_cache(vectors_path)
+    truth = np.load(truth_path)
     searches = []
     with Searchers(table, folder, index) as searchers:
         for i, L in enumerate(lists):
