@@ -13,7 +13,7 @@ from qual import engine
 from qual.engine import TargetUnavailable
 from qual.targets import DEFAULT_TARGET, SCRATCH_NAME, Target, UnsafeTarget, guard_refusals, \
     marker_path
-from qual.targets.scratch import prove
+from qual.targets.scratch import own_tempdir, prove
 from testbed import IS_ROOT, needs_root, sh, sha256_of
 
 MiB = 1 << 20
@@ -94,6 +94,37 @@ def test_a_foreign_file_can_be_read_if_it_is_big_enough_and_not_sparse(tmp_path)
         f.truncate(8 * MiB)
     with pytest.raises(TargetUnavailable, match="sparse"):
         Target(sparse).ensure_data(8 * MiB)
+
+
+def test_a_killed_runs_temporary_folders_go_with_the_next_run_and_nothing_else(tmp_path,
+                                                                                  monkeypatch):
+    """A kill -9 runs no clean-up: the checkpoint launcher's folder and a mount point stay in
+    the temporary folder. The next one of their kind removes those whose process is gone:
+    never a live process's, another kind's, a file, or a mount point that is not empty."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    dead, live = gone.pid, os.getpid()
+    for name in (f"qual-ckpt-{dead}-a", f"qual-ckpt-{live}-b", f"qual-fs-{dead}-c",
+                 f"qual-fs-{dead}-d", f"qual-gnn-{dead}-e", "qual-ckpt-old"):
+        (tmp_path / name).mkdir()
+    (tmp_path / f"qual-ckpt-{dead}-a" / "ranks.log").write_text("a killed run's")
+    (tmp_path / f"qual-fs-{dead}-d" / "x").write_text("not empty: not a bare mount point")
+    (tmp_path / f"qual-ckpt-{dead}-f").write_text("a file")
+    others = {f"qual-ckpt-{dead}-g"} if IS_ROOT else set()  # another user's
+    for name in others:
+        (tmp_path / name).mkdir()
+        os.chown(tmp_path / name, 65534, 65534)
+    made = own_tempdir("ckpt")
+    assert made.parent == tmp_path and made.name.startswith(f"qual-ckpt-{live}-")
+    left = {p.name for p in tmp_path.iterdir()} - {made.name}
+    assert left == {f"qual-ckpt-{live}-b", f"qual-fs-{dead}-c", f"qual-fs-{dead}-d",
+                    f"qual-gnn-{dead}-e", "qual-ckpt-old", f"qual-ckpt-{dead}-f"} | others
+    point = own_tempdir("fs", whole=False)
+    assert {p.name for p in tmp_path.iterdir()} - {made.name, point.name} == \
+        left - {f"qual-fs-{dead}-c"}
 
 
 def test_one_qual_run_at_a_time_per_target(tmp_path):

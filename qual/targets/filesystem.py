@@ -16,13 +16,13 @@ import errno
 import hashlib
 import os
 import subprocess
-import tempfile
 import time
 import uuid as uuids
 from pathlib import Path
 
 from qual import watchdog
 from qual.errors import QualError
+from qual.targets.scratch import own_tempdir
 
 # ext4 without lazy initialisation: its inode tables and journal are written by mkfs, not by a
 # kernel thread in the background while qual measures; no blocks reserved for root
@@ -147,7 +147,7 @@ class QualFilesystem:
         self.made = True  # from here on a signature may be on the device: close() erases it
         _tool([f"mkfs.{self.kind}", *flags, *ident, *self.options, self.device],
               f"making qual's {self.kind} filesystem", timeout=MKFS_TIMEOUT_S)
-        point = Path(tempfile.mkdtemp(prefix="qual-fs-"))
+        point = own_tempdir("fs", whole=False)
         try:
             _tool(["mount", "-t", self.kind, self.device, str(point)], "mounting qual's filesystem")
         except QualError:

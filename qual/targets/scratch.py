@@ -233,6 +233,34 @@ def check_regular(path: Path, what: str) -> os.stat_result:
     return st
 
 
+def own_tempdir(kind: str, *, whole: bool = True) -> Path:
+    """A new folder of this process's in the temporary folder (`qual-KIND-PID-…`), after
+    removing those of its kind whose process died without removing its own (a kill -9 runs no
+    clean-up): only this user's folders named so, and only when no process has that pid
+    any more. `whole`: they go with what they hold; otherwise only an empty one goes (a mount
+    point, which a live mount would never leave empty)."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"qual-{kind}-*-*"):
+        pid = old.name[len(f"qual-{kind}-"):].split("-")[0]
+        try:
+            if not pid.isdigit() or os.lstat(old).st_uid != os.geteuid() or _alive(int(pid)):
+                continue
+            shutil.rmtree(old) if whole else old.rmdir()
+        except OSError:
+            continue  # gone meanwhile, or not empty: left as it is
+    return Path(tempfile.mkdtemp(prefix=f"qual-{kind}-{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 def own_folder(path: Path) -> Path:
     """A folder of qual's inside a target (checkpoints, datasets, stores): made here, or one
     made before that is still a real directory (not a link), owned by this user and writable

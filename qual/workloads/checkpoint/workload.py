@@ -12,13 +12,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from qual import watchdog
 from qual.engine import NoSpace, QualError, TargetUnavailable, error_for
 from qual.targets import Target
+from qual.targets.scratch import own_tempdir
 from qual.workloads.checkpoint import ranks
 from qual.workloads.checkpoint.store import CheckpointStore, load as load_set
 from qual.workloads.checkpoint.spec import MLPERF_CHECKPOINTS, plan_of
@@ -151,7 +151,7 @@ def run(target: Target, table: dict, *, seed: int = 1, passes: int | None = None
     st = os.stat(folder)
     one_host = processes == len(plan.ranks) and \
         (not torchrun or os.environ.get("LOCAL_WORLD_SIZE") == os.environ["WORLD_SIZE"])
-    workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
+    workdir = own_tempdir("ckpt")
     (workdir / "errors").mkdir()
     job = ranks.RankJob(
         root=str(folder), plan=plan.keys(), passes=passes, per_pass=per_pass,
@@ -190,7 +190,7 @@ def read_back(ckpt: Path, table: dict, *, seed: int = 1, progress=None) -> Check
     p = manifest["plan"]
     processes = table["ranks"] or len(manifest["ranks"])
     st = os.stat(ckpt)
-    workdir = Path(tempfile.mkdtemp(prefix="qual-ckpt-"))
+    workdir = own_tempdir("ckpt")
     (workdir / "errors").mkdir()
     job = ranks.RankJob(
         restore_path=str(ckpt),  # the set alone: no store around it
