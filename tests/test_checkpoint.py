@@ -439,20 +439,37 @@ def test_a_rank_error_stops_every_rank(tmp_path):
     assert str(os.getpid()) not in leftover and leftover == []
 
 
+TP2 = {"model": "llama3.1-8b", "tp": 2, "pp": 1, "dp": 1, "zero": 0, "recipe": "mixed-adam",
+       "scale": 1e-4}
+
+
 @pytest.mark.slow
 def test_the_first_rank_to_fail_ends_the_others_at_once(tmp_path):
-    """Rank 1 fails before it joins its ranks (its log cannot be opened); rank 0,
-    which would wait for it up to the job's 60 s timeout, is ended at once, and the error
-    names rank 1 with what it said."""
+    """Rank 1 fails before it joins its ranks (its log cannot be opened) while rank 0 is
+    stuck where it cannot see that (opening its log, a pipe no one reads: as a rank blocked
+    on storage): the ranks' parent ends rank 0 at once, and the error names rank 1 with what
+    it said."""
+    os.mkfifo(tmp_path / "rank-00000.log")
     (tmp_path / "rank-00001.log").mkdir()
     started = time.monotonic()
     with pytest.raises(QualError, match=r"rank 1 exited with 1: (?s:.*)IsADirectoryError"):
-        checkpoint.launch(_job(tmp_path, plan={"model": "llama3.1-8b", "tp": 2, "pp": 1,
-                                               "dp": 1, "zero": 0, "recipe": "mixed-adam",
-                                               "scale": 1e-4}), 2, tmp_path)
+        checkpoint.launch(_job(tmp_path, plan=TP2), 2, tmp_path)
     assert time.monotonic() - started < 30
     exits = json.loads((tmp_path / ranks.EXITS).read_text())
     assert exits == {"1": 1, "0": -signal.SIGKILL}
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_without_a_word_is_named_not_the_rank_that_lost_it(tmp_path):
+    """Rank 1 fails before it joins (its log cannot be opened) and writes no error; rank 0
+    finds its pipe closed. Whichever the ranks' parent reaps first, the error names rank 1
+    and what it said, never rank 0's loss of it."""
+    CheckpointStore(tmp_path).create()  # rank 0 gets as far as the ranks' first meeting
+    (tmp_path / "rank-00001.log").mkdir()
+    with pytest.raises(QualError, match=r"rank 1 exited with 1: (?s:.*)IsADirectoryError"):
+        checkpoint.launch(_job(tmp_path, plan=TP2), 2, tmp_path)
+    exits = json.loads((tmp_path / ranks.EXITS).read_text())
+    assert exits["1"] == 1 and exits["0"] in (1, -signal.SIGKILL)
 
 
 def _forked_ranks(world: int, timeout_s: float, rank_does) -> tuple[ForkedGroup, dict]:
@@ -528,16 +545,22 @@ def test_rank_0_learns_at_once_that_a_rank_left_and_waits_no_longer_than_the_tim
 
 def test_the_failing_ranks_error_is_the_cause_not_a_peer_that_lost_it_earlier():
     """A rank that lost its peer (its pipe closed, or gloo's trace) may write its error
-    before the failing rank writes its own: the launcher reports the engine's error."""
+    before the failing rank writes its own, or the failing rank may die without writing one:
+    the launcher reports the engine's error, else the rank that died without a word."""
     lost = {"rank": 0, "errno": errno.EPIPE, "message": "rank 1 left the checkpoint's ranks",
             "class": "PeerLost", "at": 1.0}
     gloo = {"rank": 2, "errno": errno.EIO, "message": "RuntimeError: Connection closed",
             "trace": "...", "class": "QualError", "at": 1.5}
     eio = {"rank": 1, "errno": errno.EIO, "message": "read at offset 4096", "class": "DeviceError",
            "at": 2.0}
-    assert checkpoint.workload.cause([lost, gloo, eio]) == eio
-    assert checkpoint.workload.cause([gloo, lost]) == lost  # none said more: the first
-    assert checkpoint.workload.cause([]) is None
+    culprit = checkpoint.workload.culprit
+    assert culprit([lost, gloo, eio], {"0": 1, "2": 1, "1": 1}) == (1, eio)
+    assert culprit([gloo, lost], {"0": 1, "2": 1}) == (0, lost)  # none said more: the first
+    # rank 1 died silently (its log could not be opened); rank 0 lost it; rank 2 was ended
+    assert culprit([lost], {"0": 1, "1": 1, "2": -signal.SIGKILL}) == (1, None)
+    assert culprit([lost, eio], {"0": 1, "3": -signal.SIGKILL, "1": 1}) == (1, eio)
+    assert culprit([], {"0": 0, "1": 0}) == (None, None)
+    assert culprit([], {}) == (None, None)
 
 
 @pytest.mark.parametrize("procedure, baseline, root, times", [

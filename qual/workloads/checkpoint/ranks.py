@@ -412,7 +412,9 @@ def main(argv: list[str], group: ForkedGroup | None = None) -> int:
     return 1
 
 
-EXITS = "exits.json"  # local_ranks' record of each rank's exit status, in the launcher's workdir
+# local_ranks' record of each rank's exit status, in the order they exited, in the launcher's
+# workdir
+EXITS = "exits.json"
 
 
 def local_ranks(argv: list[str]) -> int:

@@ -77,30 +77,45 @@ def launch(job: ranks.RankJob, processes: int, workdir: Path, progress=None) -> 
             time.sleep(0.1)
     finally:
         _stop(proc)
-    e = cause([json.loads(p.read_text()) for p in Path(job.errors).glob("rank-*.json")])
+    exits = workdir / ranks.EXITS
+    exits = json.loads(exits.read_text()) if exits.exists() else {}
+    rank, e = culprit([json.loads(p.read_text()) for p in Path(job.errors).glob("rank-*.json")],
+                      exits)
     if e:
         cls = error_for(e["errno"])
         raise cls(e["errno"], f"rank {e['rank']}: {e['message']}", op=e.get("op"),
                   offset=e.get("offset"), target=e.get("target"))
-    if proc.returncode != 0:
-        exits = workdir / ranks.EXITS
-        bad = next((int(r) for r, code in json.loads(exits.read_text()).items() if code), None) \
-            if exits.exists() else None
-        if bad is None:  # the ranks' parent itself failed, before or while it forked them
-            tail = (workdir / "ranks.log").read_text(errors="replace")[-2000:]
-            raise QualError(errno.EIO, f"the ranks' parent exited with {proc.returncode}: {tail}")
-        log = workdir / f"rank-{bad:05d}.log"  # a rank that failed before it had a log
+    if rank is not None:  # a rank that died without a word: its log says why, if it had one
+        log = workdir / f"rank-{rank:05d}.log"
         tail = (log if log.is_file() else workdir / "ranks.log").read_text(errors="replace")
-        raise QualError(errno.EIO, f"rank {bad} exited with {proc.returncode}: {tail[-2000:]}")
+        raise QualError(errno.EIO, f"rank {rank} exited with {exits[str(rank)]}: {tail[-2000:]}")
+    if proc.returncode != 0:  # the ranks' parent itself failed, before or while it forked them
+        tail = (workdir / "ranks.log").read_text(errors="replace")[-2000:]
+        raise QualError(errno.EIO, f"the ranks' parent exited with {proc.returncode}: {tail}")
     return json.loads(Path(job.result).read_text())
 
 
-def cause(errors: list[dict]) -> dict | None:
-    """Of the errors the ranks wrote, the one to report: the first engine error (ENOSPC, EIO,
-    ...) before any other failure, since a rank that lost its peer (PeerLost, or a trace from
-    gloo) may catch that before the failing rank has caught its own."""
-    return min(errors, key=lambda e: ("trace" in e or e["class"] == "PeerLost", e["at"]),
-               default=None)
+def _lost_a_peer(error: dict) -> bool:
+    """A rank that lost its peer (PeerLost, or a trace from gloo) may say so before the rank
+    that failed has said why: its error is an effect, not the cause."""
+    return "trace" in error or error["class"] == "PeerLost"
+
+
+def culprit(errors: list[dict], exits: dict[str, int]) -> tuple[int | None, dict | None]:
+    """Which rank's failure to report, and the error it wrote (None: it died without writing
+    one), from the ranks' errors and their exit statuses in the order they exited (EXITS).
+    The first engine error (ENOSPC, EIO, ...) comes first; then the first rank that exited
+    with a failure and no error written (it failed before it could write one, or a signal
+    ended it): the peers that lost it say only that; then the first error written.
+    (None, None) when no rank failed."""
+    said = sorted(errors, key=lambda e: (_lost_a_peer(e), e["at"]))
+    if said and not _lost_a_peer(said[0]):
+        return said[0]["rank"], said[0]
+    wrote = {e["rank"] for e in errors}
+    silent = next((int(r) for r, code in exits.items() if code and int(r) not in wrote), None)
+    if silent is not None:
+        return silent, None
+    return (said[0]["rank"], said[0]) if said else (None, None)
 
 
 def _stop(proc: subprocess.Popen) -> None:
