@@ -6,8 +6,9 @@ each round runs fio (io_uring with --fixedbufs --registerfiles --iodepth_batch_s
 and `qual io` (the same --iodepth_batch_submit=16) with the engine's features added one at
 a time (QUAL_URING_WITHOUT names those left out): none, + the file registered, + the buffers
 registered, + deferred task work on a single-issuer ring, + the ring's own descriptor
-registered. The order alternates round by round. It prints each configuration's median IOPS
-and CPU microseconds per I/O (qual's is its process's over the job's run, its interpreter's
+registered, + the ring's tick (a multishot timeout that bounds the waits, so that a wait needs
+no timer of its own). The order alternates round by round. It prints each configuration's
+median IOPS and CPU microseconds per I/O (qual's is its process's over the job's run, its interpreter's
 start-up left out) and the median over rounds of its ratio to fio's.
 
 `--target DIR` runs them on a file in DIR instead (written once with random blocks, removed
@@ -30,10 +31,11 @@ from peer import shared_file
 from standin import raw_stand_in
 
 CASES = [("randread", "4k", 1), ("randread", "4k", 64), ("read", "128k", 16)]
-FEATURES = ["fixed_files", "fixed_buffers", "defer_taskrun", "registered_ring"]
+FEATURES = ["fixed_files", "fixed_buffers", "defer_taskrun", "registered_ring", "tick"]
 STEPS = [("none", FEATURES + ["coop_taskrun"]), ("+ fixed files", FEATURES[1:] + ["coop_taskrun"]),
          ("+ fixed buffers", FEATURES[2:] + ["coop_taskrun"]),
-         ("+ deferred task work", FEATURES[3:]), ("+ registered ring", [])]
+         ("+ deferred task work", FEATURES[3:]), ("+ registered ring", FEATURES[4:]),
+         ("+ tick", [])]
 FIO_FEATURES = ("--fixedbufs", "--registerfiles")
 
 

@@ -403,6 +403,8 @@ URING_FEATURES = {  # what each feature looks like in the engine's system calls 
     "fixed_files": r"IORING_REGISTER_FILES,",
     "fixed_buffers": r"IORING_REGISTER_BUFFERS,",
     "registered_ring": r"IORING_ENTER_REGISTERED_RING",
+    # the ring's tick bounds a wait for one completion: such a wait carries no timeout
+    "tick": r"IORING_ENTER_GETEVENTS(?!\|IORING_ENTER_EXT_ARG)",
 }
 
 
@@ -425,8 +427,9 @@ def _uring_calls(tmp_path, without: str = "", depth: int = 8) -> str:
 @pytest.mark.slow
 def test_each_io_uring_feature_is_used_and_can_be_left_out(tmp_path):
     """Where the kernel offers them (this one does), a job's ring has deferred task work, its
-    file and buffers registered and its own descriptor registered (entered by index); each
-    named in QUAL_URING_WITHOUT is left out and the others kept, and the job still runs."""
+    file and buffers registered, its own descriptor registered (entered by index) and a tick
+    that bounds its waits; each named in QUAL_URING_WITHOUT is left out and the others kept,
+    and the job still runs."""
     calls = _uring_calls(tmp_path)
     for feature, seen in URING_FEATURES.items():
         assert re.search(seen, calls), feature

@@ -118,6 +118,8 @@ struct ioq_opts {
     int single_issuer;        /* io_uring: only the opening thread will run the queue */
 };
 
+/* The longest wait without looking at cancel, the deadline and the oldest I/O's age. */
+#define IOQ_POLL_NS (50ull * 1000000ull)
 /* An I/O outstanding this long is a stall, where the caller gives no timeout: NVMe's own
  * default command timeout (the nvme driver's io_timeout, 30 s). */
 #define QUAL_COMMAND_TIMEOUT_NS (30ull * 1000000000ull)

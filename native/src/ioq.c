@@ -11,8 +11,6 @@
 
 #include "engine.h"
 
-/* The longest wait without looking at cancel, the deadline and the oldest I/O's age. */
-#define POLL_NS (50ull * 1000000ull)
 /* EAGAIN/EBUSY (from the kernel or an I/O's completion) retried this long, then an error. */
 #define BACKOFF_LIMIT_NS (5ull * 1000000000ull)
 #define BACKOFF_MAX_NS (64ull * 1000000ull)
@@ -308,11 +306,11 @@ int ioq_run(struct ioq *q, const struct ioq_client *c)
         if (wait_only && q->inflight == q->be->pending(q->state))
             break; /* what is left was never taken by the kernel */
 
-        uint64_t now = now_ns(), timeout = POLL_NS;
+        uint64_t now = now_ns(), timeout = IOQ_POLL_NS;
         if (!draining && o->deadline_ns != QUAL_UNBOUNDED)
             timeout = o->deadline_ns > now ? o->deadline_ns - now : 0;
-        if (timeout > POLL_NS)
-            timeout = POLL_NS;
+        if (timeout > IOQ_POLL_NS)
+            timeout = IOQ_POLL_NS;
         if (c->between && !wait_only) {
             /* hand over first, then the client's work overlaps the device's; a refusal here
              * is met again by the submission with the wait below */

@@ -1,13 +1,16 @@
 /* ioq_uring.c — the io_uring backend of the queue, by raw syscalls (no liburing): a ring on one
- * descriptor with the queue's buffers registered. It stages, submits, waits (with a timeout, so
- * the queue's loop always gets control back) and reaps; the loop itself is ioq.c's.
+ * descriptor with the queue's buffers registered. It stages, submits, waits (bounded, so the
+ * queue's loop always gets control back) and reaps; the loop itself is ioq.c's.
  *
  * Each feature that cuts the kernel's cost per I/O is used where the kernel offers it, and the
  * plain path kept where it does not: a single-issuer ring with deferred task work (else
  * cooperative task work), the target registered (fixed file), the buffers registered (fixed
- * buffers), and the ring's own descriptor registered (entered by index). QUAL_URING_WITHOUT, a
- * comma list of defer_taskrun, coop_taskrun, fixed_files, fixed_buffers and registered_ring,
- * leaves those out: benchmarks/bench_uring_features.py measures each against the one before. */
+ * buffers), the ring's own descriptor registered (entered by index), and a tick: a multishot
+ * timeout in the ring that completes every IOQ_POLL_NS, which bounds a wait for one completion
+ * without a timer of its own per wait (else each wait carries its timeout). QUAL_URING_WITHOUT,
+ * a comma list of defer_taskrun, coop_taskrun, fixed_files, fixed_buffers, registered_ring and
+ * tick, leaves those out: benchmarks/bench_uring_features.py measures each against the one
+ * before. */
 #include <errno.h>
 #include <linux/io_uring.h>
 #include <stdlib.h>
@@ -30,6 +33,9 @@
 #ifndef IORING_SETUP_DEFER_TASKRUN
 #define IORING_SETUP_DEFER_TASKRUN (1U << 13)
 #endif
+#ifndef IORING_TIMEOUT_MULTISHOT
+#define IORING_TIMEOUT_MULTISHOT (1U << 6)
+#endif
 #ifndef IORING_ENTER_REGISTERED_RING
 #define IORING_ENTER_REGISTERED_RING (1U << 4)
 #define IORING_REGISTER_RING_FDS 20
@@ -43,6 +49,8 @@ struct ring {
     int force_async;          /* IOSQE_ASYNC on every I/O: the file cannot issue non-blocking */
     int fixed_file;
     int fixed_bufs;
+    int tick;                 /* the tick is armed: a wait for one completion needs no timeout */
+    struct __kernel_timespec tick_period;
     unsigned char *bufs;      /* the queue's buffers, or the client's memory (registered when */
     size_t bufs_len;          /* possible) */
     size_t buf_len;           /* a registered unit: one slot's buffer, or up to 1 GiB */
@@ -177,11 +185,49 @@ static int map_rings(struct ring *r, const struct io_uring_params *p)
     return 0;
 }
 
+#define TICK_DATA UINT64_MAX /* the tick's completions, told from the I/Os' (slot numbers) */
+
+/* Arms the tick: a timeout that completes every IOQ_POLL_NS for as long as the ring lives
+ * (IORING_TIMEOUT_MULTISHOT, Linux 6.4). A kernel that refuses it completes it at once with an
+ * error, and the waits keep their own timeouts. Only on a ring whose opening thread is the one
+ * that waits (single issuer): the tick's completion is run by the thread that armed it, and
+ * another thread, stuck in a call on a target that stopped answering, would never run it. */
+static void arm_tick(struct ring *r)
+{
+    if (without("tick"))
+        return;
+    r->tick_period.tv_sec = (long long)(IOQ_POLL_NS / 1000000000ull);
+    r->tick_period.tv_nsec = (long long)(IOQ_POLL_NS % 1000000000ull);
+    struct io_uring_sqe *sqe = &r->sqes[r->sq_local_tail & *r->sq_mask];
+    memset(sqe, 0, sizeof(*sqe));
+    sqe->opcode = IORING_OP_TIMEOUT;
+    sqe->addr = (uint64_t)(uintptr_t)&r->tick_period;
+    sqe->len = 1;
+    sqe->off = 0; /* no count: it never ends by itself */
+    sqe->timeout_flags = IORING_TIMEOUT_MULTISHOT;
+    sqe->user_data = TICK_DATA;
+    r->sq_local_tail++;
+    __atomic_store_n(r->sq_tail, r->sq_local_tail, __ATOMIC_RELEASE);
+    unsigned flags = r->ring_index >= 0 ? IORING_ENTER_REGISTERED_RING : 0;
+    if (sys_enter(r->ring_index >= 0 ? r->ring_index : r->fd, 1, 0, flags, NULL, 0) != 1)
+        return;
+    r->tick = 1;
+    /* a refusal is completed within the submission */
+    unsigned head = *r->cq_head;
+    if (head != __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) &&
+        r->cqes[head & *r->cq_mask].user_data == TICK_DATA) {
+        r->tick = 0;
+        __atomic_store_n(r->cq_head, head + 1, __ATOMIC_RELEASE);
+    }
+}
+
 static void uring_close(void *state, int wedged)
 {
     struct ring *r = state;
     if (!r)
         return;
+    /* A kept ring's tick ends by itself: its next completion, with deferred task work, is
+     * posted (and the tick armed again) only when its thread waits on the ring again */
     if (wedged)
         return; /* the kernel still holds I/Os into these buffers: keep the ring and them */
     if (r->sqes)
@@ -268,6 +314,8 @@ static int uring_open(const struct ioq_opts *o, void *bufs, size_t bufs_len, voi
         r->ring_index = (int)up.offset;
     r->fixed_file = r->target_fd >= 0 && !without("fixed_files") &&
                     sys_register(r->fd, IORING_REGISTER_FILES, &r->target_fd, 1) == 0;
+    if (o->single_issuer)
+        arm_tick(r);
     if (!r->bufs)
         return 0; /* the client brings its own memory */
     unsigned units = (unsigned)((r->bufs_len + r->buf_len - 1) / r->buf_len);
@@ -365,11 +413,17 @@ static int uring_enter(void *state, int submit, int wait, uint64_t timeout_ns)
     struct io_uring_getevents_arg arg;
     memset(&arg, 0, sizeof(arg));
     arg.ts = (uint64_t)(uintptr_t)&ts;
-    unsigned flags = wait ? IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG : 0;
+    /* the tick's next completion ends a wait for one within IOQ_POLL_NS (a wait for more
+     * would sleep on past it); a shorter bound, or a wait for more, has its own timeout */
+    int timed = wait && !(r->tick && wait == 1 && timeout_ns >= IOQ_POLL_NS);
+    unsigned flags = wait ? IORING_ENTER_GETEVENTS : 0;
+    if (timed)
+        flags |= IORING_ENTER_EXT_ARG;
     if (r->ring_index >= 0)
         flags |= IORING_ENTER_REGISTERED_RING;
-    int ret = sys_enter(r->ring_index >= 0 ? r->ring_index : r->fd, to_submit, wait > 0 ? (unsigned)wait : 0, flags, wait ? &arg : NULL,
-                        wait ? sizeof(arg) : 0);
+    int ret = sys_enter(r->ring_index >= 0 ? r->ring_index : r->fd, to_submit,
+                        wait > 0 ? (unsigned)wait : 0, flags, timed ? &arg : NULL,
+                        timed ? sizeof(arg) : 0);
     if (ret >= 0)
         return 0;
     int err = errno;
@@ -381,14 +435,20 @@ static int uring_enter(void *state, int submit, int wait, uint64_t timeout_ns)
 static int uring_reap(void *state, unsigned *slot, int64_t *res)
 {
     struct ring *r = state;
-    unsigned head = *r->cq_head;
-    if (head == __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE))
-        return 0;
-    const struct io_uring_cqe *cqe = &r->cqes[head & *r->cq_mask];
-    *slot = (unsigned)cqe->user_data;
-    *res = cqe->res;
-    __atomic_store_n(r->cq_head, head + 1, __ATOMIC_RELEASE);
-    return 1;
+    for (;;) {
+        unsigned head = *r->cq_head;
+        if (head == __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE))
+            return 0;
+        const struct io_uring_cqe *cqe = &r->cqes[head & *r->cq_mask];
+        uint64_t data = cqe->user_data;
+        *slot = (unsigned)data;
+        *res = cqe->res;
+        if (data == TICK_DATA && !(cqe->flags & IORING_CQE_F_MORE))
+            r->tick = 0; /* the tick ended: the waits take their own timeouts again */
+        __atomic_store_n(r->cq_head, head + 1, __ATOMIC_RELEASE);
+        if (data != TICK_DATA)
+            return 1;
+    }
 }
 
 const struct ioq_backend ioq_uring_backend = {
