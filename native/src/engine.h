@@ -158,7 +158,10 @@ struct ioq_backend {
     int (*open)(const struct ioq_opts *o, void *bufs, size_t bufs_len, void **state);
     int (*set_fd)(void *state, int fd);
     void (*queue)(void *state, struct ioq_io *io);  /* stage one I/O */
-    /* Hand staged I/Os over (submit) and wait up to timeout_ns for a completion (wait):
+    /* Hand staged I/Os over (submit) and wait up to timeout_ns for a completion (wait; a
+     * backend with a tick may end the wait at its tick instead, within IOQ_POLL_NS: the queue
+     * waits only while I/Os are in flight, and submits nothing before one comes back, so a
+     * deadline passed meanwhile ends no more I/O for being seen sooner):
      * 0, -ETIME when the wait timed out, -EAGAIN/-EBUSY/-EINTR (try again) or -errno. */
     int (*enter)(void *state, int submit, int wait, uint64_t timeout_ns);
     int (*reap)(void *state, unsigned *slot, int64_t *res); /* 1 and a completion, or 0 */

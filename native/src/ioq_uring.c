@@ -6,8 +6,8 @@
  * plain path kept where it does not: a single-issuer ring with deferred task work (else
  * cooperative task work), the target registered (fixed file), the buffers registered (fixed
  * buffers), the ring's own descriptor registered (entered by index), and a tick: a multishot
- * timeout in the ring that completes every IOQ_POLL_NS, which bounds a wait for one completion
- * without a timer of its own per wait (else each wait carries its timeout). QUAL_URING_WITHOUT,
+ * timeout in the ring that completes every IOQ_POLL_NS, which ends any wait (as every timeout's
+ * completion does) without a timer of its own per wait (else each wait carries its timeout). QUAL_URING_WITHOUT,
  * a comma list of defer_taskrun, coop_taskrun, fixed_files, fixed_buffers, registered_ring and
  * tick, leaves those out: benchmarks/bench_uring_features.py measures each against the one
  * before. */
@@ -49,7 +49,7 @@ struct ring {
     int force_async;          /* IOSQE_ASYNC on every I/O: the file cannot issue non-blocking */
     int fixed_file;
     int fixed_bufs;
-    int tick;                 /* the tick is armed: a wait for one completion needs no timeout */
+    int tick;                 /* the tick is armed: a wait needs no timeout of its own */
     struct __kernel_timespec tick_period;
     unsigned char *bufs;      /* the queue's buffers, or the client's memory (registered when */
     size_t bufs_len;          /* possible) */
@@ -413,9 +413,9 @@ static int uring_enter(void *state, int submit, int wait, uint64_t timeout_ns)
     struct io_uring_getevents_arg arg;
     memset(&arg, 0, sizeof(arg));
     arg.ts = (uint64_t)(uintptr_t)&ts;
-    /* the tick's next completion ends a wait for one within IOQ_POLL_NS (a wait for more
-     * would sleep on past it); a shorter bound, or a wait for more, has its own timeout */
-    int timed = wait && !(r->tick && wait == 1 && timeout_ns >= IOQ_POLL_NS);
+    /* a timeout's completion ends any wait, however many it waits for: with the tick, a
+     * wait ends within IOQ_POLL_NS without a timer of its own */
+    int timed = wait && !r->tick;
     unsigned flags = wait ? IORING_ENTER_GETEVENTS : 0;
     if (timed)
         flags |= IORING_ENTER_EXT_ARG;
