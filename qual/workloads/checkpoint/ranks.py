@@ -299,7 +299,7 @@ class Rank:
                    for k, v in state.items())
         file_bytes = path.stat().st_size
         everyone = self.group.gather({"save_s": save_s, "load_s": load_s, "bytes": size,
-                                "file_bytes": file_bytes, "same": same})
+                                      "file_bytes": file_bytes, "same": same})
         path.unlink()
         self.group.barrier()  # every rank's file is gone before rank 0 removes the folder
         if self.rank != 0:
@@ -338,7 +338,7 @@ class Rank:
         # rank 0 decides where numbering starts and how many checkpoints a pass holds: ranks
         # on other hosts may see the filesystem a moment later and count differently
         start, per_pass = self.group.broadcast((self.store.next_name(), job.per_pass)
-                                         if self.rank == 0 else None)
+                                               if self.rank == 0 else None)
         seq = int(start.split("-")[1])
         if job.procedure == "mlperf-v2":
             runs = self.mlperf_runs(seq)
