@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pgserver import PostgresServer
-from testbed import CI_DEVICE, IS_ROOT, Misbehaving, ram_loop, sh, write_pattern_file
+from testbed import (CI_DEVICE, IS_ROOT, Misbehaving, detach_loop, ram_loop, sh,
+                     write_pattern_file)
 
 # Four workers share two cores (scripts/test): torch's own threads, as many as cores in every
 # worker and every run a test starts, spin waiting for a core another worker holds. One thread
@@ -145,7 +146,7 @@ def loop_device(tmp_path):
         with open(backing, "wb") as f:
             f.truncate(size)
         dev = sh("losetup", "--find", "--show", str(backing))
-        made.append((dev, []))
+        made.append((dev, backing, []))
         return dev
 
     def mount(dev: str, *, mkfs: tuple = (), options: str = "defaults") -> Path:
@@ -155,7 +156,7 @@ def loop_device(tmp_path):
         point = tmp_path / f"mnt-{Path(dev).name}"
         point.mkdir()
         sh("mount", "-o", options, dev, str(point))
-        for d, mounts in made:
+        for d, _, mounts in made:
             if dev == d or dev.startswith(f"{d}p"):  # the loop device or one of its partitions
                 mounts.append(str(point))
         return point
@@ -181,11 +182,11 @@ def loop_device(tmp_path):
     make.mount = mount
     make.partition = partition
     yield make
-    for dev, mounts in reversed(made):
+    for dev, backing, mounts in reversed(made):
         for point in mounts:
             _unmount(point)
         _delete_partitions(dev)
-        subprocess.run(["losetup", "--detach", dev], capture_output=True)
+        detach_loop(dev, backing)
 
 
 def _delete_partitions(dev: str, wait_s: float = 10.0) -> None:

@@ -29,7 +29,7 @@ from qual.workloads.kvcache.tally import KEPT, Tally
 from qual.workloads.kvcache.workload import (Request, Tiers, holds, search_capacity, serve,
                                              search_qos)
 
-from testbed import needs_root, sh, sha256_of
+from testbed import detach_loop, needs_root, sh, sha256_of
 
 
 def table(**given):
@@ -90,7 +90,7 @@ def test_decode_reads_a_cache_served_are_refused(tmp_path, loop_device):
                            "not reach the device"):
             workload._serve(Target(drive), table(store_size="128 MiB"), store, 3, None)
     finally:
-        sh("losetup", "--detach", store)
+        detach_loop(store, backing)
 
 
 def test_host_memory_serves_what_it_holds(tmp_path):

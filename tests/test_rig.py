@@ -21,8 +21,8 @@ from qual.plugin.session import STALL_NOTE
 from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import bandwidth
-from testbed import (KILL, TINY_ALL, TINY_PROFILE, blank, cells_profile, load_record, needs_root, qual,
-                     run_suite, serial_of, sh)
+from testbed import (KILL, TINY_ALL, TINY_PROFILE, blank, cells_profile, detach_loop,
+                     load_record, needs_root, qual, run_suite, serial_of, sh)
 
 
 @pytest.mark.slow
@@ -509,6 +509,26 @@ def test_a_stall_an_earlier_run_noted_decides_nothing_now(tmp_path):
         assert "stalled" not in doc and doc["summary"]["verdict"] == "PASS", doc["summary"]
         assert {t["outcome"] for t in doc["tests"]} == {"passed"}
         assert not record.with_name(STALL_NOTE).exists()
+
+
+@needs_root
+def test_a_drive_taken_away_is_not_detached_again_once_its_name_is_another_tests(tmp_path):
+    """A test that took its drive away frees the loop device's name; another test's
+    `losetup --find` may get it before the first test's teardown runs: that teardown must
+    leave the other test's drive attached (CI: it found 0 B and no serial)."""
+    first, second = tmp_path / "first.img", tmp_path / "second.img"
+    for backing in (first, second):
+        with open(backing, "wb") as f:
+            f.truncate(1 << 20)
+    dev = sh("losetup", "--find", "--show", str(first))
+    sh("losetup", "--detach", dev)
+    sh("losetup", dev, str(second))  # the same name, now the other test's drive
+    try:
+        detach_loop(dev, first)
+        assert serial_of(dev) == str(second)
+    finally:
+        detach_loop(dev, second)
+    assert not Path(f"/sys/block/{Path(dev).name}/loop/backing_file").exists()
 
 
 def _take_away(dev: str, when) -> threading.Thread:

@@ -280,6 +280,19 @@ def serial_of(dev: str) -> str:
     return sh("losetup", "--noheadings", "--output", "BACK-FILE", dev)
 
 
+def detach_loop(dev: str, backing: str | Path) -> None:
+    """Detach `dev` if it is still the loop device over `backing`. A device detached earlier
+    (a test that takes a drive away) is free once its last holder lets go, and another test's
+    `losetup --find` may get the same name meanwhile: a detach by name alone would take that
+    test's drive away (it then held 0 B and no backing file, in CI)."""
+    try:
+        now = Path(f"/sys/block/{Path(dev).name}/loop/backing_file").read_text().strip()
+    except OSError:
+        return  # no longer bound to anything
+    if now.removesuffix(" (deleted)") == str(Path(backing).resolve()):
+        subprocess.run(["losetup", "--detach", dev], capture_output=True)
+
+
 @contextmanager
 def ram_loop(name: str, size: int = CI_DEVICE):
     """A blank loop device over a file in /dev/shm (the host, not a disk, is the limit);
@@ -292,7 +305,7 @@ def ram_loop(name: str, size: int = CI_DEVICE):
         yield dev
     finally:
         subprocess.run(["umount", dev], capture_output=True)
-        subprocess.run(["losetup", "--detach", dev], capture_output=True)
+        detach_loop(dev, backing)
         backing.unlink(missing_ok=True)
 
 
