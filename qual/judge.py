@@ -38,11 +38,12 @@ def _straddles(v: Verdict, m: Measurement) -> tuple[str, ...]:
 
 def judge(measurements: list[Measurement], profile: Profile,
           baseline: Baseline | None = None) -> Judgement:
-    """Judge every measurement against the profile's criteria for it and, with a baseline,
+    """Judge every measurement against the profile's criteria for it (where it states none, the
+    family's standing criterion for it, if any) and, with a baseline,
     against the same measurement of the baseline run within the criterion's tolerance."""
     out = Judgement()
     for m in measurements:
-        criteria = profile.criteria_for(m.id)
+        criteria = profile.criteria_for(m.id) or ([m.standing] if m.standing else [])
         out.severities += [c.severity for c in criteria]
         if criteria and not m.resolved:
             out.unresolved.append(f"{m.id} {m.unresolved or 'is not resolved'}: lengthen "

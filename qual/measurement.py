@@ -122,9 +122,14 @@ class Measurement:
     unresolved: str | None = None  # why the samples cannot support the value (resolved False)
     backend: str | None = None
     device_truth: str | None = None
+    # the criterion a family holds every drive to where the profile states none for this
+    # measurement (a drive's own statement that it is failing is never informational); its
+    # verdict carries it into the record, so the measurement's dict leaves it out
+    standing: Criterion | None = None
 
     def as_dict(self) -> dict:
         out = asdict(self)
+        out.pop("standing")
         if isinstance(self.samples, dict):
             out["samples"] = {str(k): v for k, v in self.samples.items()}
         typed = {k: out.pop(k) for k in (*JUDGED, *SPREAD, *SAID, "spread_from")}
@@ -175,11 +180,20 @@ def measure(family: str, metric: Metric, params: dict, value: float, *,
             comparable: bool = True, caveats: list[str] | tuple[str, ...] = (),
             interval: list[float] | None = None, spread_from: int = 0,
             interval_confidence: float = 0.95, ceiling: float | None = None,
-            unverifiable: str | None = None) -> Measurement:
+            unverifiable: str | None = None, standing: Standing | None = None) -> Measurement:
     """A family's measurement: `context` is what the family says of it (its SAID keys become
-    typed fields)."""
+    typed fields); `standing`, the bound it is held to where the profile states none."""
     context = dict(context or {})
-    return Measurement(id=measurement_id(metric, params), family=family, metric=metric.name,
+    mid = measurement_id(metric, params)
+    unit = BASE_UNIT[metric.dimension]
+    criterion = None if standing is None else Criterion(
+        family=family, metric=metric.name, params=tuple((p.name, params[p.name])
+                                                         for p in metric.params),
+        min=standing.limit if standing.bound == "min" else None,
+        max=standing.limit if standing.bound == "max" else None, unit=unit,
+        source=standing.source, severity=standing.severity, tolerance=None,
+        origin=STANDING_ORIGIN, id=mid)
+    return Measurement(id=mid, family=family, metric=metric.name,
                        params=dict(params), value=float(value),
                        unit=BASE_UNIT[metric.dimension], dimension=metric.dimension,
                        better=metric.better, context=context, **_said(context), samples=samples,
@@ -188,7 +202,22 @@ def measure(family: str, metric: Metric, params: dict, value: float, *,
                        caveats=list(caveats), interval=list(interval) if interval else None,
                        spread_from=spread_from if interval is None else max(spread_from, 2),
                        interval_confidence=interval_confidence, ceiling=ceiling,
-                       unverifiable=unverifiable)
+                       unverifiable=unverifiable, standing=criterion)
+
+
+STANDING_ORIGIN = "qual: standing criterion"  # a verdict's [file: source] then reads [qual: …]
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A bound a family holds every drive to in every profile, unless the profile states its
+    own criterion for the measurement: `bound` "min" or "max", its `limit` in the metric's base
+    unit, and `source`, why (the verdict's line names it)."""
+
+    bound: str
+    limit: float
+    source: str
+    severity: str = "blocker"
 
 
 def with_repetitions(m: Measurement, values: list[float],

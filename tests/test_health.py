@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from qual.judge import judge
 from qual.targets import Target
 from qual.workloads import registry
 from qual.thresholds import load_profile
-from qual.workloads.health import DATA_UNIT, Snapshot, measurements, ocp_throttling, unavailable
+from qual.workloads.health import (DATA_UNIT, Snapshot, measurements, ocp_throttling,
+                                   unavailable, warning_bits)
 
 SMART = Path(__file__).resolve().parent / "data" / "smart"
 WCTEMP_K = 343  # a drive's id-ctrl wctemp: 70 °C
@@ -26,10 +28,10 @@ def verdicts(after: str, family: str = "integrity") -> dict[str, bool]:
     `after` during `family`."""
     profile = load_profile("gen5-tlc", registry())
     out = {}
-    for m in measurements(family, snapshot("healthy-before"), snapshot(after), target="t",
-                          wctemp_k=WCTEMP_K, kernel_written=16 << 30):
-        for c in profile.criteria_for(m.id):
-            out[m.metric] = all(v.passed for v in c.judge(m.value))
+    judged = judge(measurements(family, snapshot("healthy-before"), snapshot(after), target="t",
+                                wctemp_k=WCTEMP_K, kernel_written=33555 * DATA_UNIT), profile)
+    for v in judged.verdicts:
+        out[v.criterion.metric] = out.get(v.criterion.metric, True) and v.passed
     return out
 
 
@@ -43,7 +45,67 @@ def test_a_healthy_pair_passes_every_criterion():
     assert verdicts("healthy-after") == {
         "health_critical_warning": True, "health_media_errors": True,
         "health_temperature_headroom": True, "health_spare_headroom": True,
-        "health_thermal_transitions": True}
+        "health_thermal_transitions": True, "health_written_unaccounted": True}
+
+
+@pytest.mark.parametrize("profile", ["ci", "nvme-rig"])
+def test_a_critical_warning_fails_in_every_profile_naming_its_bits(profile):
+    """The drive's own statement that it is failing is judged where no profile says so: ci
+    has no [health] table and nvme-rig no critical warning criterion; the verdict names the bit
+    and the threshold the temperature crossed."""
+    after = snapshot("healthy-after")
+    after = Snapshot(**{**after.__dict__, "critical_warning": 0b10, "temperature_k": 323})
+    found = measurements("bandwidth", snapshot("healthy-before"), after, target="t",
+                         wctemp_k=WCTEMP_K, kernel_written=None, threshold_k=300)
+    judged = judge(found, load_profile(profile, registry()))
+    (failing,) = judged.failing
+    assert failing.startswith("health_critical_warning[family=bandwidth] = 2 > max 0")
+    assert "[qual: the drive says it is failing: critical warning bit 1 (temperature outside " \
+        "a threshold (over- or under-temperature): composite 323 K, over-temperature " \
+        "threshold 300 K" in failing
+    assert warning_bits(0b1001) == ("bit 0 (available spare below its threshold), bit 3 "
+                                    "(media placed in read-only mode)")
+
+
+def test_a_profiles_own_criterion_replaces_the_standing_one(tmp_path):
+    own = tmp_path / "own.toml"
+    own.write_text('[profile]\ndescription = "d"\n[health]\n[[health.criteria]]\n'
+                   'metric = "health_critical_warning"\nparams = { family = "gnn" }\nmax = 4\n'
+                   'unit = "count"\nsource = "a lab that tolerates bit 2"\n')
+    after = Snapshot(**{**snapshot("healthy-after").__dict__, "critical_warning": 4})
+    judged = judge(measurements("gnn", snapshot("healthy-before"), after, target="t",
+                                wctemp_k=WCTEMP_K, kernel_written=None),
+                   load_profile(own, registry()))
+    assert not judged.failing and len(judged.verdicts) == 1
+    assert judged.verdicts[0].criterion.source == "a lab that tolerates bit 2"
+
+
+@pytest.mark.parametrize("kernel_units, passes", [
+    (33555, True), (33555.9, True), (33554.1, True),  # within one unit of rounding
+    (33553.9, False), (33556.1, False)])
+def test_the_drives_count_of_written_bytes_must_agree_with_the_kernels(kernel_units, passes):
+    found = {m.metric: m for m in measurements(
+        "pts", snapshot("healthy-before"), snapshot("healthy-after"), target="t",
+        wctemp_k=WCTEMP_K, kernel_written=int(kernel_units * DATA_UNIT))}
+    m = found["health_written_unaccounted"]
+    judged = judge([m], load_profile("ci", registry()))
+    assert bool(judged.failing) is not passes, judged.lines()
+    assert "the drive counted 17,180,160,000 B written (33555 data units" in \
+        judged.verdicts[0].line()
+
+
+def test_writes_the_drive_failed_are_not_counted_against_it():
+    """The kernel counts a failed write as sent; the drive counts nothing written."""
+    failed = 10 * DATA_UNIT
+    found = {m.metric: m for m in measurements(
+        "pts", snapshot("healthy-before"), snapshot("healthy-after"), target="t",
+        wctemp_k=WCTEMP_K, kernel_written=33555 * DATA_UNIT + failed, failed_writes=failed)}
+    judged = judge([found["health_written_unaccounted"]], load_profile("ci", registry()))
+    assert not judged.failing and "less 5,120,000 B of writes it failed" in judged.lines()[0]
+    found = {m.metric: m for m in measurements(
+        "pts", snapshot("healthy-before"), snapshot("healthy-after"), target="t",
+        wctemp_k=WCTEMP_K, kernel_written=33555 * DATA_UNIT + failed)}
+    assert judge([found["health_written_unaccounted"]], load_profile("ci", registry())).failing
 
 
 def test_new_thermal_management_transitions_fail():

@@ -13,18 +13,20 @@ not failed.
 
 from __future__ import annotations
 
+import time
+
 import allure
 import pytest
 
 from qual import report, thresholds
-from qual.errors import DeviceIoError, Stalled, errno_name
+from qual.errors import DataMismatch, DeviceIoError, Stalled, errno_name
 from qual.plugin.recorder import Recorder
 from qual.plugin.session import (DEPARTED, DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST,
                                  SESSION_KEY, STATUS, TARGET_INFO, WHERE, QualSession,
                                  qual_session, short_message)
 from qual.measurement import Measurement
 from qual.flags import claimed
-from qual.targets import DEFAULT_TARGET
+from qual.targets import DEFAULT_TARGET, drive_status
 from qual.workloads.base import Repeated
 
 RECORDER_KEY = pytest.StashKey["Recorder"]()
@@ -191,6 +193,8 @@ def _summary_test(declared, module: str):
     (SuiteTest.summary): its charts, or a skip saying why there are none."""
     def test(session_measurements, record):
         family = qual_session(record.item.config).family_of(record.item)
+        if not record.drawing:
+            pytest.skip("no Allure results asked for (--alluredir): no charts drawn")
         mine = [m.as_dict() for m in session_measurements if m.family == family and m.final]
         drawn = declared.summary(mine)
         if isinstance(drawn, str):
@@ -246,7 +250,7 @@ def _watch_test(watcher, module: str):
         if watch.reason:
             pytest.skip(watch.reason)
         record.add(watch.measurements())
-        for title, png in watch.charts().items():
+        for title, png in (watch.charts() if record.drawing else {}).items():
             record.attach(title, png)
     return _named(test, f"test_{watcher.name}", module,
                   f"{watcher.description}: what it saw while this suite ran.",
@@ -378,6 +382,7 @@ def pytest_runtest_call(item):
     rec = item.stash.get(RECORDER_KEY, None)
     if rec is not None:
         _label(rec)
+    started = time.monotonic() - 1  # the kernel log's clock runs a little apart from ours
     try:
         result = yield
     except Stalled as e:  # the storage stopped answering: ends the run, where it can
@@ -387,10 +392,15 @@ def pytest_runtest_call(item):
     except DeviceIoError as e:
         if rec is None:
             raise
-        # the drive's answer, not qual's failure: the test fails with it (it is not broken)
+        # the drive's answer, not qual's failure: the test fails with it (it is not broken),
+        # naming the drive's own status and the LBAs where the kernel logged them
+        said = None if isinstance(e, DataMismatch) else \
+            qual_session(item.config).drive_said(item, e, started)
         item.stash[DEVICE_ERROR_KEY] = {"op": e.op, "offset": e.offset, "target": e.target,
-                                        "errno": errno_name(e.errno), "message": str(e)}
-        raise pytest.fail.Exception(f"the drive returned an error: {e}", pytrace=False) from e
+                                        "errno": errno_name(e.errno), "message": str(e),
+                                        **({"drive": said} if said else {})}
+        raise pytest.fail.Exception(f"the drive returned an error: {e}" + (
+            f"; {drive_status.describe(said)}" if said else ""), pytrace=False) from e
     if rec is not None:
         rec.finish()
     return result

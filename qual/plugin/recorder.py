@@ -44,6 +44,10 @@ class Recorder:
         self._earlier = earlier if earlier is not None else []
         self.measurements: list[Measurement] = []
         self.repetition: tuple[int, int] = (1, 1)
+        # charts are drawn only where Allure keeps them: matplotlib's import and the drawing
+        # are seconds of CPU a run without --alluredir (a suite run by hand, a slow guest) spends
+        # on pictures nobody sees
+        self.drawing = bool(getattr(item.config.option, "allure_report_dir", None))
 
     def repeat(self, repetition: tuple[int, int]) -> None:
         """This test is repetition r of n of its figures (docs/ARCHITECTURE.md §5): before the
@@ -83,7 +87,7 @@ class Recorder:
         self.add(outcome.measurements(section) if section else outcome.measurements())
         for title, text in outcome.texts().items():
             self.attach(title, text, kind="text")
-        drawn = outcome.charts() if charts is None or charts else {}
+        drawn = outcome.charts() if self.drawing and (charts is None or charts) else {}
         for title, png in drawn.items():
             if charts is None or title in charts:
                 self.attach(title, png)

@@ -28,7 +28,7 @@ from qual.plugin.recorder import Judging, PAYLOAD, Recorder
 from qual.record import (Baseline, drive_model, qual_version, LAST_RECORD, RECORD_NAME, rig_label,
                          RunRecord, summarize, TestResult, write_record)
 from qual.measurement import Measurement
-from qual.targets import DEFAULT_TARGET, Target, drive_label
+from qual.targets import DEFAULT_TARGET, Target, drive_label, drive_status
 from qual.workloads import registry
 
 SESSION_KEY = pytest.StashKey["QualSession"]()
@@ -257,6 +257,18 @@ class QualSession:
         callspec = getattr(item, "callspec", None)
         return callspec.params["target"] if callspec and "target" in callspec.params \
             else self.target_specs[0]
+
+    def drive_said(self, item, err, since: float) -> dict | None:
+        """What the drive under `item` answered an I/O it failed (qual.targets.drive_status):
+        its NVMe status as the kernel logged it since `since`, and the LBAs; a raw test's offset
+        is the device's, so it picks the command that held it."""
+        t = self._targets.get(self.spec_of(item))
+        if t is None or t.identity.device is None:
+            return None
+        raw = self.where(t.spec, self.family_of(item)) == "raw"
+        return drive_status.said(t.identity.device, err.errno, since=since,
+                                 offset=err.offset if raw else None,
+                                 lba_size=t.identity.logical_block_size)
 
     def target_info(self, spec: str) -> dict | None:
         """A target's identity, sent to the controller once per process and drive."""

@@ -100,14 +100,45 @@ def rows_of(record: dict) -> Row:
 # ------------------------------------------------------------------ the store
 
 
-def _wal(dbapi) -> None:
-    """Turn the store to WAL (a no-op once it is), waiting at most BUSY_S as a writer does:
+# filesystems on which SQLite's WAL cannot work: its index is shared memory, a mapping of the
+# -shm file every process must see at once, which a network or host-shared filesystem does not
+# give (SQLite answers "disk I/O error" when it first needs it: a rig's home on NFS, a guest's
+# 9p folder)
+SHARED_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "ceph",
+                      "glusterfs", "lustre", "afs", "gpfs", "beegfs", "fuse.sshfs"}
+
+
+def filesystem_of(path: Path) -> str | None:
+    """The type of the filesystem `path` is on (the longest mount point above it), from
+    /proc/self/mountinfo; None where that cannot be read."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    path = path.resolve()
+    best, kind = -1, None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        point = left.split()[4].encode().decode("unicode_escape")  # \040 for a space
+        if (path == Path(point) or Path(point) in path.parents) and len(point) > best:
+            best, kind = len(point), right.split()[0]
+    return kind
+
+
+def journal_mode(path: Path) -> str:
+    """WAL (readers do not wait for the writer), except on a filesystem where it cannot work:
+    there the rollback journal (DELETE), which needs only file locks."""
+    return "DELETE" if filesystem_of(path) in SHARED_FILESYSTEMS else "WAL"
+
+
+def _wal(dbapi, mode: str = "WAL") -> None:
+    """Turn the store to `mode` (a no-op once it is), waiting at most BUSY_S as a writer does:
     while another connection turns a new store to WAL, SQLite answers "database is locked" at
     once, without its busy timeout (rigs opening a new store together met it)."""
     deadline = time.monotonic() + BUSY_S
     while True:
         try:
-            dbapi.execute("PRAGMA journal_mode=WAL")
+            dbapi.execute(f"PRAGMA journal_mode={mode}")
             return
         except sqlite3.OperationalError as e:
             if "locked" not in str(e) or time.monotonic() > deadline:
@@ -119,11 +150,12 @@ def _sqlite_engine(url) -> Engine:
     path = Path(url.database)
     path.parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": BUSY_S})
+    mode = journal_mode(path.parent)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi, _record):
         dbapi.isolation_level = None  # qual begins its own transactions
-        _wal(dbapi)  # readers do not wait for the writer
+        _wal(dbapi, mode)
         dbapi.execute("PRAGMA foreign_keys=ON")
         dbapi.execute("PRAGMA synchronous=FULL")  # a stored run survives a power loss
 

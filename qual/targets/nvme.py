@@ -65,6 +65,21 @@ def smart_log(device: str) -> dict:
     return doc
 
 
+def temperature_threshold(devnode: str) -> int | None:
+    """The composite temperature's over-temperature threshold in kelvin (Get Features 04h,
+    Temperature Threshold: TMPTH, bits 15:0), or None where it cannot be read. nvme-cli prints
+    this feature's value as text (`Current value:0x00000157`), whatever -o says."""
+    if not available():
+        return None
+    try:
+        out = subprocess.run(["nvme", "get-feature", devnode, "-f", "4"], capture_output=True,
+                             text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"Current value:\s*(0x[0-9a-fA-F]+)", out.stdout)
+    return int(m.group(1), 16) & 0xFFFF if out.returncode == 0 and m else None
+
+
 def ocp_smart_add_log(device: str) -> dict | None:
     """The OCP Datacenter NVMe SSD SMART / health extended log, where the drive has one."""
     return _json(["ocp", "smart-add-log", f"/dev/{device}"])

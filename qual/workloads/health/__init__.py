@@ -2,8 +2,10 @@
 json`) before and after, judged as AutoVal's nvme_validate does (docs/ARCHITECTURE.md §9,
 AutoVal): critical warning zero, no new media errors, temperature below the
 drive's warning threshold, spare above its threshold, no new thermal-management transitions;
-new error-log entries and the bytes the drive counted as written are recorded next to the
-bytes the kernel sent it. While the family runs, the composite temperature is sampled (with
+new error-log entries are recorded. Two bounds hold in every profile (standing criteria),
+wherever the drive has a SMART log: no critical warning bit set (a drive's own statement that
+it is failing is never informational; the verdict names each bit), and the bytes the drive
+counted as written agree with the bytes the kernel sent it, within the data unit's rounding. While the family runs, the composite temperature is sampled (with
 the device's own throughput from its counters), so that the hottest moment counts, not only
 the two ends."""
 
@@ -15,8 +17,8 @@ import time
 from dataclasses import dataclass
 
 from qual.family import Family, Field, Watcher
-from qual.measurement import Measurement, Metric, Param, measure, measurement_id
-from qual.targets import nvme
+from qual.measurement import Measurement, Metric, Param, Standing, measure, measurement_id
+from qual.targets import drive_status, nvme
 from qual.workloads import registry
 
 NAME = "health"
@@ -42,7 +44,47 @@ METRICS = {m.name: m for m in (
            "available spare above the drive's spare threshold, after the workload"),
     Metric("health_host_written", "size", "lower", (_FAM,),
            "bytes the drive counted as written during the workload (data units x 512,000)"),
+    Metric("health_written_unaccounted", "size", "lower", (_FAM,),
+           "how far the drive's count of bytes written (SMART data units) is from the bytes "
+           "the kernel sent it (/sys/block/*/stat), beyond one data unit of rounding"),
 )}
+
+# SMART / Health Information log, byte 0 (NVMe base specification, Critical Warning)
+WARNING_BITS = {
+    0: "available spare below its threshold",
+    1: "temperature outside a threshold (over- or under-temperature)",
+    2: "NVM subsystem reliability degraded (media or internal errors)",
+    3: "media placed in read-only mode",
+    4: "volatile memory backup device failed",
+    5: "persistent memory region read-only",
+}
+
+
+def warning_bits(value: int, *, temperature_k: int | None = None,
+                 threshold_k: int | None = None) -> str:
+    """The set bits of a critical warning byte, each named; bit 1 with the composite
+    temperature and the over-temperature threshold it crossed, where known."""
+    named = []
+    for bit in range(8):
+        if value & (1 << bit):
+            what = WARNING_BITS.get(bit, "reserved")
+            if bit == 1 and temperature_k is not None:
+                what += f": composite {temperature_k} K"
+                if threshold_k is not None:
+                    what += (f", over-temperature threshold {threshold_k} K (Get Features 04h, "
+                             "Temperature Threshold)")
+            named.append(f"bit {bit} ({what})")
+    return ", ".join(named)
+
+
+def _warning_standing(after: Snapshot, threshold_k: int | None) -> Standing:
+    if not after.critical_warning:
+        why = ("the drive's own critical warning (SMART byte 0): any set bit is the drive "
+               "saying it is failing")
+    else:
+        why = "the drive says it is failing: critical warning " + warning_bits(
+            after.critical_warning, temperature_k=after.temperature_k, threshold_k=threshold_k)
+    return Standing("max", 0, why)
 
 FIELDS = (Field("families", "choices",
                 help="the workload families whose suites are watched (default: every "
@@ -145,12 +187,15 @@ def read_smart_log(device: str) -> Snapshot:
 
 def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
                  wctemp_k: int | None, kernel_written: int | None,
-                 trace: list[dict] | None = None, trace_problem: str | None = None,
-                 ocp: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)
-                 ) -> list[Measurement]:
-    """What changed over one family's run, as measurements judged by the [health] criteria.
-    `trace`: the temperature samples taken while it ran (their hottest counts); `ocp`: the
-    OCP log's (throttling events, status) before and after, where it could be read."""
+                 failed_writes: int | None = None, trace: list[dict] | None = None, trace_problem: str | None = None,
+                 ocp: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None),
+                 threshold_k: int | None = None) -> list[Measurement]:
+    """What changed over one family's run, as measurements judged by the [health] criteria
+    and the standing ones. `trace`: the temperature samples taken while it ran (their hottest
+    counts); `failed_writes`: bytes of writes the drive failed meanwhile (the kernel counts
+    them as sent, the drive as nothing written); `ocp`: the OCP log's (throttling events, status) before and after, where it could
+    be read; `threshold_k`: the over-temperature threshold the controller holds (Get Features
+    04h), named where the temperature bit is set."""
     p = {"family": family}
     warning = wctemp_k or DEFAULT_WCTEMP_K
     hottest = max([before.temperature_k, after.temperature_k] +
@@ -168,8 +213,9 @@ def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
            "ocp_throttling": None if not ocp_after else {
                "events_before": ocp_before and ocp_before[0], "events_after": ocp_after[0],
                "status_after": ocp_after[1]}}
-    return [
-        measure(NAME, METRICS["health_critical_warning"], p, after.critical_warning, context=ctx),
+    out = [
+        measure(NAME, METRICS["health_critical_warning"], p, after.critical_warning, context=ctx,
+                standing=_warning_standing(after, threshold_k)),
         measure(NAME, METRICS["health_media_errors"], p,
                 after.media_errors - before.media_errors, context=ctx),
         measure(NAME, METRICS["health_error_log_entries"], p,
@@ -180,6 +226,29 @@ def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
                 (after.avail_spare - after.spare_thresh) / 100, context=ctx),
         measure(NAME, METRICS["health_host_written"], p, written, context=ctx),
     ]
+    if kernel_written is not None:
+        # the drive counts thousands of 512-byte units, each count rounded up: two readings'
+        # difference is within one unit of what was written between them; a write it failed
+        # the kernel counts as sent, the drive as nothing written
+        done = kernel_written - (failed_writes or 0)
+        less = f" less {failed_writes:,} B of writes it failed" if failed_writes else ""
+        ctx["failed_writes_bytes"] = failed_writes
+        out.append(measure(NAME, METRICS["health_written_unaccounted"], p,
+                           max(0, abs(written - done) - DATA_UNIT), context=ctx,
+                           standing=Standing(
+                               "max", 0, f"the drive counted {written:,} B written "
+                               f"({after.data_units_written - before.data_units_written} data "
+                               f"units of {DATA_UNIT:,} B), the kernel sent it "
+                               f"{kernel_written:,} B{less}: they agree within one unit")))
+    return out
+
+
+def failed_writes(identity, since: float) -> int:
+    """Bytes of the write commands the drive failed since `since` (the NVMe driver's log of
+    each: qual.targets.drive_status)."""
+    return sum(int(e["blocks"]) * identity.logical_block_size
+               for e in drive_status.logged_errors(identity.device, since)
+               if int(e["opcode"], 16) in (0x01, 0x08))  # Write, Write Zeroes
 
 
 class TemperatureTrace:
@@ -226,6 +295,7 @@ class Watch:
         self.before = None if self.reason else read_smart_log(target.identity.device)
         self.ocp_before = None if self.reason else read_ocp_throttling(target.identity.device)
         self.device_before = target.device_stat()
+        self.started = time.monotonic()
         self.trace = None if self.reason else TemperatureTrace(target)
 
     def stop(self) -> None:
@@ -239,14 +309,17 @@ class Watch:
         after = read_smart_log(self.target.identity.device)
         ocp_after = read_ocp_throttling(self.target.identity.device)
         device_after = self.target.device_stat()
-        kernel = None
+        kernel = failed = None
         if self.device_before is not None and device_after is not None:
             kernel = device_after.since(self.device_before)["write_bytes"]
+            failed = failed_writes(self.target.identity, self.started)
         ctrl = self.target.identity.nvme_id_ctrl or {}
+        threshold = nvme.temperature_threshold(f"/dev/{self.target.identity.device}") \
+            if after.critical_warning & 0b10 else None
         return measurements(self.family, self.before, after, target=str(self.target.path),
                             wctemp_k=ctrl.get("wctemp") or None, kernel_written=kernel,
-                            trace=trace, trace_problem=self.trace.problem,
-                            ocp=(self.ocp_before, ocp_after))
+                            failed_writes=failed, trace=trace, trace_problem=self.trace.problem,
+                            ocp=(self.ocp_before, ocp_after), threshold_k=threshold)
 
     def charts(self) -> dict[str, bytes]:
         """The temperature trace beside the device's throughput, once it has two samples."""
