@@ -94,6 +94,19 @@ def test_the_drives_count_of_written_bytes_must_agree_with_the_kernels(kernel_un
         judged.verdicts[0].line()
 
 
+def test_on_a_filesystem_only_a_drive_that_counted_more_than_it_was_sent_fails():
+    """ext4 may zero blocks with Write Zeroes, which the kernel counts as written and a drive
+    need not: on qual's filesystem, only the drive's count above the kernel's is judged."""
+    def judged(kernel_units):
+        found = {m.metric: m for m in measurements(
+            "checkpoint", snapshot("healthy-before"), snapshot("healthy-after"), target="t",
+            wctemp_k=WCTEMP_K, kernel_written=int(kernel_units * DATA_UNIT), raw=False)}
+        return judge([found["health_written_unaccounted"]], load_profile("ci", registry()))
+    assert not judged(40_000).failing  # the kernel counted zeroes the drive did not
+    assert judged(33553.9).failing  # the drive counted more than it was sent
+    assert "Write Zeroes count for the kernel alone" in judged(40_000).lines()[0]
+
+
 def test_writes_the_drive_failed_are_not_counted_against_it():
     """The kernel counts a failed write as sent; the drive counts nothing written."""
     failed = 10 * DATA_UNIT

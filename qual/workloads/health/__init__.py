@@ -187,13 +187,16 @@ def read_smart_log(device: str) -> Snapshot:
 
 def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
                  wctemp_k: int | None, kernel_written: int | None,
-                 failed_writes: int | None = None, trace: list[dict] | None = None, trace_problem: str | None = None,
+                 failed_writes: int | None = None, raw: bool = True,
+                 trace: list[dict] | None = None, trace_problem: str | None = None,
                  ocp: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None),
                  threshold_k: int | None = None) -> list[Measurement]:
     """What changed over one family's run, as measurements judged by the [health] criteria
     and the standing ones. `trace`: the temperature samples taken while it ran (their hottest
     counts); `failed_writes`: bytes of writes the drive failed meanwhile (the kernel counts
-    them as sent, the drive as nothing written); `ocp`: the OCP log's (throttling events, status) before and after, where it could
+    them as sent, the drive as nothing written); `raw`: qual alone decided the commands (a
+    block device target), so the drive's count may be neither more nor less than the kernel's;
+    `ocp`: the OCP log's (throttling events, status) before and after, where it could
     be read; `threshold_k`: the over-temperature threshold the controller holds (Get Features
     04h), named where the temperature bit is set."""
     p = {"family": family}
@@ -233,13 +236,20 @@ def measurements(family: str, before: Snapshot, after: Snapshot, *, target: str,
         done = kernel_written - (failed_writes or 0)
         less = f" less {failed_writes:,} B of writes it failed" if failed_writes else ""
         ctx["failed_writes_bytes"] = failed_writes
+        off = written - done
+        if raw:
+            agree = "they agree within one unit"
+        else:  # a filesystem may zero blocks with Write Zeroes, which the kernel counts as
+            #    written and a drive may not (NVMe: they do not count as data units written)
+            off, agree = max(off, 0), ("it counted no more, within one unit (on a filesystem, "
+                                       "Write Zeroes count for the kernel alone)")
         out.append(measure(NAME, METRICS["health_written_unaccounted"], p,
-                           max(0, abs(written - done) - DATA_UNIT), context=ctx,
+                           max(0, abs(off) - DATA_UNIT), context=ctx,
                            standing=Standing(
                                "max", 0, f"the drive counted {written:,} B written "
                                f"({after.data_units_written - before.data_units_written} data "
                                f"units of {DATA_UNIT:,} B), the kernel sent it "
-                               f"{kernel_written:,} B{less}: they agree within one unit")))
+                               f"{kernel_written:,} B{less}: {agree}")))
     return out
 
 
@@ -318,7 +328,7 @@ class Watch:
             if after.critical_warning & 0b10 else None
         return measurements(self.family, self.before, after, target=str(self.target.path),
                             wctemp_k=ctrl.get("wctemp") or None, kernel_written=kernel,
-                            failed_writes=failed, trace=trace, trace_problem=self.trace.problem,
+                            failed_writes=failed, raw=self.target.kind == "block", trace=trace, trace_problem=self.trace.problem,
                             ocp=(self.ocp_before, ocp_after), threshold_k=threshold)
 
     def charts(self) -> dict[str, bytes]:
