@@ -29,7 +29,11 @@ import pytest
 from nvmeguest import Drive, Guest, missing
 from testbed import qual, time_limit
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(missing()), reason=missing() or "")]
+# a guest's boot and run are the first test's set-up: several minutes of an emulated CPU on a
+# host busy with the other tests (453 s for the rig's in one run of them all), inside the
+# fixtures' own bounds (at most 1,320 s in all)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500),
+              pytest.mark.skipif(bool(missing()), reason=missing() or "")]
 
 PROFILE = Path(__file__).resolve().parent / "profiles" / "nvme.toml"
 SUITES = Path(__file__).resolve().parent.parent / "suites"
