@@ -6,8 +6,8 @@ A `Guest` is told its drives (`Drive`: namespaces, their size and LBA size, the 
 hot-pluggable slot, a medium error at a chosen sector, a throttle), boots, runs one shell
 script in the guest and ends. The test reads what the guest wrote under `Guest.shared` (the
 one folder the guest may write on the host, over 9p) and its console output; while the
-script runs, `Guest.qmp` acts on the drives from outside (a critical warning raised, a
-controller pulled from its slot, a throttle). Every wait has a bound. QEMU runs under a
+script runs, QEMU's machine protocol (`Guest.qmp`) acts on the drives from outside:
+`set_critical_warning`, `pull` (the controller leaves its slot), `throttle`. Every wait has a bound. QEMU runs under a
 keeper process of its own group that kills the whole group when the test's process dies,
 however it dies; `close()` kills it and removes every file the guest had.
 
@@ -264,7 +264,6 @@ class Guest:
     memory: str = "2G"
     proc: subprocess.Popen | None = field(default=None, init=False)
     qmp: Qmp | None = field(default=None, init=False)
-    _started: float = field(default=0.0, init=False)
 
     @property
     def shared(self) -> Path:
@@ -363,7 +362,6 @@ class Guest:
                                           *self.qemu_options()])]
         if not kvm_works(k):
             cmd.insert(3, "--disable-kvm")
-        self._started = time.monotonic()
         with open(self.console, "wb") as out:
             self.proc = keep(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.where)
         try:
@@ -400,14 +398,22 @@ class Guest:
     def output(self) -> str:
         return self.console.read_text(errors="replace") if self.console.exists() else ""
 
-    def run(self, script: str, timeout: float, env: dict | None = None) -> str:
-        """Boot, run `script`, wait for the guest to end; its output (RuntimeError with it where
-        the script failed)."""
-        self.start(script, env)
-        code = self.wait(timeout)
-        if code:
-            raise RuntimeError(f"the guest's script exited {code}:\n{self.output()[-4000:]}")
-        return self.output()
+    # what a test does to a drive from outside while the guest runs (drives by their index)
+
+    def set_critical_warning(self, drive: int, bits: int) -> None:
+        """The controller's SMART critical warning byte, as the drive would raise it."""
+        self.qmp.execute("qom-set", path=f"/machine/peripheral/ctrl{drive}",
+                         property="smart_critical_warning", value=bits)
+
+    def pull(self, drive: int, timeout: float = 60) -> None:
+        """The controller leaves the bus (a hot removal from its slot), awaited."""
+        self.qmp.execute("device_del", id=f"ctrl{drive}")
+        self.qmp.wait_event("DEVICE_DELETED", timeout)
+
+    def throttle(self, drive: int, bps: int) -> None:
+        """The first namespace's throttle (a Drive made with one) set to `bps` bytes a second."""
+        self.qmp.execute("qom-set", path=f"/objects/drive{drive}n1-tg", property="limits",
+                         value={"bps-total": bps})
 
     def close(self) -> None:
         """Kill the guest and QEMU (the keeper's whole group) and remove every file it had."""

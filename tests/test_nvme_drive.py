@@ -232,8 +232,7 @@ for s in QUALRIGA QUALRIGB; do blkid -p $(dev $s) > /dev/null; echo "$s $?" >> b
         while not (journal.exists() and json.loads(journal.read_text() or "{}").get("tests")):
             assert guest.proc.poll() is None and time.monotonic() < deadline, guest.output()
             time.sleep(0.2)
-        guest.qmp.execute("qom-set", path="/machine/peripheral/ctrl1",
-                          property="smart_critical_warning", value=0b100)
+        guest.set_critical_warning(1, 0b100)
         guest.wait(600)
         yield guest, drives
     finally:
@@ -354,13 +353,11 @@ while [ ! -e throttled ]; do sleep 0.1; done
 {again} > again.txt 2>&1
 """, env={"QUAL_STORE": "off", "PYTHONUNBUFFERED": "1"})
         progress(guest, "faults.txt", r"\[2/\d+\] \S+drive0\]", 300)
-        guest.qmp.execute("device_del", id="ctrl0")
-        guest.qmp.wait_event("DEVICE_DELETED", 60)
+        guest.pull(0)
         progress(guest, "faults.txt", r"\[\d+/\d+\] \S+drive2\]", 300)
         (guest.shared / "reset-now").touch()
         guest.wait_for("faults.rc", 600)
-        guest.qmp.execute("qom-set", path="/objects/drive4n1-tg", property="limits",
-                          value={"bps-total": 28 * MiB})
+        guest.throttle(4, 28 * MiB)
         (guest.shared / "throttled").touch()
         guest.wait(300)
         yield guest
