@@ -239,15 +239,22 @@ def _keeper(cmd: list[str]) -> int:
     return code
 
 
-def _kill_group_but_me() -> None:
-    me = os.getpid()
+def group_of(leader: int) -> dict[int, str]:
+    """The processes of process group `leader`: pid -> command line."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(stat.parent.name)
-        if int(fields[2]) == me and pid != me:  # its process group is the keeper's
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == leader:
+                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_text()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return found
+
+
+def _kill_group_but_me() -> None:
+    me = os.getpid()
+    for pid in group_of(me):  # the keeper leads its group
+        if pid != me:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

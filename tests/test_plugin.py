@@ -182,6 +182,8 @@ def test_a_regression_against_the_baseline_fails(tmp_path):
     first, results = run_suite(tmp_path, "--qual-results=first", alluredir=False)
     assert first.returncode == 0
     baseline = json.loads((tmp_path / "first" / "qual-run.json").read_text())
+    charts = {t["nodeid"]: t for t in baseline["tests"]}["test_bandwidth.py::test_charts"]
+    assert charts["outcome"] == "skipped" and "no charts drawn" in charts["message"]  # no Allure
     for t in baseline["tests"]:
         for m in t["measurements"]:
             if m["id"] == "rand_read_bw[bs=64K,qd=4]":
@@ -194,6 +196,8 @@ def test_a_regression_against_the_baseline_fails(tmp_path):
                      r"\(tolerance 50 %\) \[baseline: old-firmware.json\]", proc.stdout), proc.stdout
     record = load_record(results)
     assert record["baseline"] == str(path) and record["summary"]["verdict"] == "FAIL"
+    charts = {t["nodeid"]: t for t in record["tests"]}["test_bandwidth.py::test_charts"]
+    assert charts["outcome"] == "passed"  # Allure keeps them: drawn
 
 
 @pytest.mark.parametrize("pct, latency, needed", [
