@@ -14,13 +14,14 @@ import pytest
 
 from testbed import cells_profile
 
-BAD = 4 << 20  # the unreadable range: 4 KiB at 4 MiB
+BAD = 128 << 10  # the unreadable range: 4 KiB at 128 KiB, inside the first reads a queue of 4
+# 64 KiB reads submits, so a cell that reads for any time at all meets it
 SCRATCH = "qual-target.dat"  # the scratch file qual makes in a directory target
 
 
 @pytest.fixture
 def unreadable(misbehaving):
-    """A folder whose scratch file answers reads of [4 MiB, 4 MiB + 4 KiB) with EIO."""
+    """A folder whose scratch file answers reads of [128 KiB, 132 KiB) with EIO."""
     return misbehaving("--eio", f"{SCRATCH}:{BAD}:4096")
 
 

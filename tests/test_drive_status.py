@@ -51,3 +51,11 @@ def test_an_unreadable_log_leaves_the_errnos_meaning(tmp_path):
     found = drive_status.said("nvme1n1", errno.EIO, since=0, offset=None, lba_size=4096,
                               kmsg=str(tmp_path / "none"))
     assert found["status"].startswith("I/O error (EIO") and found["lba"] is None
+
+
+def test_a_failed_write_is_answered_by_a_write_command_not_a_later_read(tmp_path):
+    # the newest line is a read's (LBA 7): a failed write takes the Write command's status
+    assert said(tmp_path, op="write")["status"] == "Write Fault (sct 0x2 / sc 0x80)"
+    assert said(tmp_path, op="read")["status"] == "Data Transfer Error (sct 0x0 / sc 0x04)"
+    # nvme0n1 logged a read only: its failed write is known by its errno alone
+    assert said(tmp_path, disk="nvme0n1", since=0, op="write")["source"] == "errno"

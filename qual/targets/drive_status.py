@@ -93,11 +93,16 @@ def _same_namespace(logged: str, disk: str) -> bool:
 
 
 def said(disk: str | None, err: int, *, since: float, offset: int | None,
-         lba_size: int | None, kmsg: str = "/dev/kmsg") -> dict:
+         lba_size: int | None, op: str | None = None, kmsg: str = "/dev/kmsg") -> dict:
     """What the drive answered, for the record and the failure's message: `status` (its NVMe
     name with sct/sc, or the errno's block-layer meaning), `command`, `lba` and `blocks` (the
-    failed command's range in the drive's blocks, where known), `lba_size`, `source`."""
+    failed command's range in the drive's blocks, where known), `lba_size`, `source`. `op`
+    (read, write): the failed I/O's, so a write's answer is a Write command's, never a read's
+    of the same blocks in the same test (udev's probe, say): where the kernel logged none (it
+    rate-limits these lines), the errno's meaning is what is known."""
     lines = logged_errors(disk, since, kmsg) if disk else []
+    if op in ("read", "write"):
+        lines = [x for x in lines if OPCODES.get(int(x["opcode"], 16)) == op.title()]
     if offset is not None and lba_size:
         at = offset // lba_size  # a block device's offset: the command must hold it
         holding = [x for x in lines if int(x["lba"]) <= at < int(x["lba"]) + int(x["blocks"])]
