@@ -73,6 +73,11 @@ class BackendUnavailable(QualError):
     """The requested I/O backend cannot be used on this machine."""
 
 
+class NotApplicable(QualError):
+    """The run does not apply to this target (a power cut where nothing can cut the power):
+    refused before any I/O, saying why."""
+
+
 class Cancelled(QualError):
     """The job was cancelled before it finished."""
 

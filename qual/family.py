@@ -32,6 +32,7 @@ class Field:
     negations: tuple[str, ...] = ()  # bool: spellings of --no-NAME users already type
     words: tuple[tuple[str, object], ...] = ()  # flag words that stand for a value ("both")
     was: tuple[str, ...] = ()  # flag spellings removed: given, they are told the new one
+    run_flag: str | None = None  # `qual run`'s option (--qual-NAME) that sets it for a run
 
 
 def host_memory() -> int | None:
@@ -91,6 +92,7 @@ class Work:
     longest: float | None = None
     repeated: bool = False
     memory: int = 0  # host memory it needs at once (a vector index's build or searchers)
+    says: tuple[str, ...] = ()  # what the plan lists under its test (the command it will run)
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,10 @@ class SuiteTest:
     label: Callable[[object], str] = str
     repeated: bool = False
     destructive: Callable[[object], bool] = field(default=lambda value: False)
+    # its run keeps a state of its own on the host's disk, to outlive the host (a power cut's
+    # verify state): run also gets `state=` (a path beside the drive's run record) and
+    # `resume=` (the run is a --qual-resume)
+    keeps_state: bool = False
     # a test over every final measurement of its family this process made (a chart of the
     # whole matrix): `summary(measurements as dicts)` its charts, or why there are none
     summary: Callable[[list[dict]], dict[str, bytes] | str] | None = None
@@ -262,7 +268,9 @@ class Family:
     `tests`: the tests it declares for its suite, each one section of its shared run
     (SuiteTest); the suite file itself then holds only what no declaration can say.
     `measures_once`: its run takes `repetition=` (Repetition) and measures some figure in one
-    repetition of a repeated suite only (docs/ARCHITECTURE.md, "Repetitions and the gate")."""
+    repetition of a repeated suite only (docs/ARCHITECTURE.md, "Repetitions and the gate").
+    `restarts_drive`: its run takes the drive away and brings it back (a power cut), so the
+    drive's and the kernel's counters start again and no watcher compares before with after."""
 
     name: str
     description: str
@@ -285,6 +293,7 @@ class Family:
     watch: Watcher | None = None
     tests: tuple[SuiteTest, ...] = ()
     measures_once: bool = False
+    restarts_drive: bool = False  # its run takes the drive away and back (a power cut)
 
     @property
     def subcommand(self) -> str:

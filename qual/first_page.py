@@ -53,7 +53,9 @@ def evidence(test: dict, mid: str) -> str:
 
 def attention(record: dict) -> list[tuple[str, str]]:
     """(verdict word, the whole sentence) for each criterion that failed, regressed or was
-    inconclusive, the drive's own errors, and a drive that stopped the run."""
+    inconclusive, what a measurement's context asks a person to see (`attention`: (word,
+    sentence) pairs, such as each block a power cut lost), the drive's own errors, and a drive
+    that stopped the run."""
     out = []
     for key, how in (("stalled", "STALLED"), ("device_gone", "DEVICE GONE")):
         if record.get(key):
@@ -68,6 +70,9 @@ def attention(record: dict) -> list[tuple[str, str]]:
         for r in t.get("regressions", ()):
             if not r["passed"] or r.get("inconclusive"):
                 out.append(("REGRESSED" if not r["passed"] else "INCONCLUSIVE", r["line"]))
+    for t in record["tests"]:  # what a family asks a person to see (a power cut's lost block)
+        for m in t.get("measurements", ()):
+            out += [(word, text) for word, text in m["context"].get("attention", ())]
     for found in record["summary"].get("device_errors", ()):
         out.append((f"DEVICE ERROR {found['errno']}",
                     f"{found['test'].split('::')[-1]}: {found['op']} at offset "

@@ -82,8 +82,9 @@ JUDGED = ("caveats", "ceiling", "unverifiable", "unresolved")
 SPREAD = ("interval", "interval_confidence", "repetitions")
 # what a family's context says that the core reads, typed by `measure` (the family writes them
 # as honesty's checks return them; the record keeps them in `context`): the I/O backend that
-# moved the bytes, and whether the device's own counters proved them (honesty.COUNTED) or why not
-SAID = ("backend", "device_truth")
+# moved the bytes, whether the device's own counters proved them (honesty.COUNTED) or why not,
+# and what a person must see first (`attention`: each block a power cut lost, say)
+SAID = ("backend", "device_truth", "attention")
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Measurement:
     show (a criterion above it cannot judge the drive), `unverifiable` why no profile may judge
     it at all, `unresolved` why its samples cannot support it (a p99.99 of 4,000 completions),
     `backend` the I/O backend that moved its bytes, `device_truth` whether the device's own
-    counters proved them. `context` holds everything else, for people and the report: the core
+    counters proved them, `attention` what the report's first page must list of it. `context` holds everything else, for people and the report: the core
     reads no key of it but the recorder's own `repetition`."""
 
     id: str
@@ -122,6 +123,7 @@ class Measurement:
     unresolved: str | None = None  # why the samples cannot support the value (resolved False)
     backend: str | None = None
     device_truth: str | None = None
+    attention: list | None = None  # (word, sentence) pairs the report's first page lists
     # the criterion a family holds every drive to where the profile states none for this
     # measurement (a drive's own statement that it is failing is never informational); its
     # verdict carries it into the record, so the measurement's dict leaves it out

@@ -69,6 +69,7 @@ class PlannedTest:
     estimate_max_s: float  # the most it may take (a steady-state test at its round limit)
     model_s: float  # the estimate before the last run's scaling (what the next run scales)
     time_limit_s: float = 0.0  # the most the run lets it take (time_limit of estimate_max_s)
+    says: list[str] = field(default_factory=list)  # its work's own words (a command it runs)
 
     def __post_init__(self):
         self.time_limit_s = self.time_limit_s or time_limit(self.estimate_max_s)
@@ -128,6 +129,7 @@ def plan_lines(plan: dict) -> list[str]:
         out.append(f"{t['id']:<{width}}  {t['where']:<10}  {format_size(t['bytes_written']):>9}"
                    f"  {format_size(t['bytes_read']):>9}  {format_duration(t['estimate_s'])}"
                    + most)
+        out += [f"  {line}" for line in t.get("says", [])]
     most = f", at most {format_duration(plan['total_estimate_max_s'])} if every steady-state " \
         "test runs to its round limit" \
         if plan["total_estimate_max_s"] > 1.05 * plan["total_estimate_s"] else ""
@@ -207,6 +209,7 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
         written = read = space = 0
         seconds = longest = PER_TEST_S
         works = family.plan(tables[s.family], s.test, s.param, replace(rates, room=room))
+        says = [line for w in works for line in w.says]
         # what qual writes before the test's first read: a file target's scratch file; on a
         # block device, the region a raw test reads (blocks this run wrote)
         fills = where == "file" and not family.filesystem or \
@@ -235,7 +238,7 @@ def make_plan(selected: list[Selected], target: Target, profile, families: dict,
                 filled = w.space
         factor = factors.get(s.id, factors.get(s.family, 1.0))
         tests.append(PlannedTest(s.id, s.family, where, written, read, seconds * factor, space,
-                                 max(seconds * factor, longest), seconds))
+                                 max(seconds * factor, longest), seconds, says=says))
     refusals = _space_refusals(short, profile)
     refusals += [f"does not fit in memory: {what} needs {format_size(need)} of host memory; "
                  f"this host has {format_size(have)} available (tests: {', '.join(ids)})"

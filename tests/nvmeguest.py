@@ -56,6 +56,55 @@ def missing() -> str | None:
         if absent else None
 
 
+# shell functions for the guest's scripts: a namespace's and a controller's node by serial
+FIND = r"""
+dev() {  # dev SERIAL [NSID]: the namespace's block device (a shared one's sits in its
+         # subsystem, a private one's in its controller; nvmeXcYnZ is a path, not a device)
+  for d in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/nvme*; do
+    [ "$(tr -d ' ' < $d/serial)" = "$1" ] || continue
+    for b in $d/nvme*n${2:-1}; do
+      case ${b##*/} in *c*n*) continue;; esac
+      [ -e "$b" ] && echo /dev/${b##*/} && return 0
+    done
+  done; return 1; }
+ctrl() {  # ctrl SERIAL: the controller's character device
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(tr -d ' ' < $c/serial)" = "$1" ] && echo /dev/$(basename $c) && return 0
+  done; return 1; }
+"""
+
+
+# qual in the guest: the suites as `qual run` runs them, and the record of a drive
+
+PROFILE = REPO / "tests" / "profiles" / "nvme.toml"
+SUITES = REPO / "suites"
+
+
+def suite_run(results: str, targets: list[str], *args: str, profile: Path = PROFILE) -> str:
+    """A shell line running the suites as `qual run` does, without Allure (so no chart is
+    drawn: matplotlib's import alone is 20 s of the guest's CPU)."""
+    cmd = ["python3", "-m", "pytest", str(SUITES), "-c", str(SUITES / "pytest.ini"),
+           f"--qual-profile={profile}", f"--qual-results={results}", "-p", "no:cacheprovider",
+           "-p", "no:benchmark", "-p", "no:hypothesispytest", "--qual-allow-destructive",
+           "-o", "console_output_style=classic", *args]
+    return shlex.join(cmd) + " " + " ".join(
+        f'--qual-target=$(dev {t}) --qual-confirm-serial={t}' for t in targets)
+
+
+def record_of(results: Path, serial: str) -> dict:
+    for path in results.rglob("qual-run.json"):
+        doc = json.loads(path.read_text())
+        if doc["target"]["identity"]["serial"] == serial:
+            return doc
+    raise AssertionError(f"no record of {serial} under {results}")
+
+
+# A controller behind a root port shows the guest a 2.5 GT/s x1 link (what QEMU 7.2 reports,
+# whatever the port's x-speed), which carries 238 MiB/s: QEMU itself moves more, so qual would
+# rightly refuse a figure faster than the link. A slot's drive is throttled below it.
+SLOT_LINK_BPS = 200 << 20
+
+
 @dataclass(frozen=True)
 class Drive:
     """One emulated NVMe controller and its namespaces, each a file the test owns."""
@@ -65,7 +114,8 @@ class Drive:
     namespaces: int = 1  # more than one: the controller sits in an NVM subsystem (nvme-subsys)
     lba: int = 512  # logical block size
     slot: bool = False  # on a PCIe root port of its own, so that it can leave the bus
-    error_at: int | None = None  # a sector (512 B) whose reads and writes fail (blkdebug)
+    error_at: int | None = None  # a sector (512 B) whose I/Os fail (blkdebug)
+    error_on: tuple[str, ...] = ("read", "write")  # which of them fail there
     throttle_bps: int | None = None  # QEMU's block throttling, in bytes a second
 
     @classmethod
@@ -132,12 +182,15 @@ class Qmp:
             elif "return" in answer:
                 return answer["return"]
 
-    def wait_event(self, name: str, timeout: float) -> dict:
-        """The first event `name` QEMU sent (device removal: DEVICE_DELETED), awaited."""
+    def wait_event(self, name: str, timeout: float, **data) -> dict:
+        """The first event `name` QEMU sent whose data holds `data` (a device's removal:
+        DEVICE_DELETED, device=ID), awaited and taken: a second wait waits for a second one."""
         deadline = time.monotonic() + timeout
         while True:
             for e in self.events:
-                if e["event"] == name:
+                if e["event"] == name and all(e.get("data", {}).get(k) == v
+                                              for k, v in data.items()):
+                    self.events.remove(e)
                     return e
             left = deadline - time.monotonic()
             if left <= 0:
@@ -269,6 +322,7 @@ class Guest:
     where: Path  # the test's own folder: the drives' files, the shared folder, the logs
     cpus: int = 1  # one host core: the tests beside it keep the other
     memory: str = "2G"
+    reuse: bool = False  # boot over the drives' files a guest before left (a host power cut)
     proc: subprocess.Popen | None = field(default=None, init=False)
     qmp: Qmp | None = field(default=None, init=False)
 
@@ -280,6 +334,10 @@ class Guest:
     @property
     def console(self) -> Path:
         return self.where / "console.log"
+
+    def image(self, drive: int, namespace: int = 1) -> Path:
+        """The file behind a drive's namespace: its bytes from offset 0."""
+        return self.where / f"{self.drives[drive].serial}-n{namespace}.img"
 
     def cached(self) -> list[Path]:
         """The folders the guest mounts again with its page cache on (read-only): this Python's
@@ -307,9 +365,10 @@ class Guest:
                 opts += ["-device", f"nvme-subsys,id=subsys{i},nqn=qual-{d.serial}"]
                 ctrl.append(f"subsys=subsys{i}")
             for n in range(1, d.namespaces + 1):
-                image = self.where / f"{d.serial}-n{n}.img"
-                with open(image, "wb") as f:
-                    f.truncate(d.size)
+                image = self.image(i, n)
+                if not (self.reuse and image.exists()):
+                    with open(image, "wb") as f:
+                        f.truncate(d.size)
                 node = f"drive{i}n{n}"
                 opts += ["-blockdev", f"driver=file,filename={image},node-name={node}-file,"
                          "cache.direct=off"]
@@ -318,14 +377,15 @@ class Guest:
                     rules = self.where / f"{d.serial}-blkdebug.conf"
                     rules.write_text("".join(
                         f'[inject-error]\nevent = "{event}"\nerrno = "5"\nsector = '
-                        f'"{d.error_at}"\nonce = "off"\n\n' for event in ("read_aio",
-                                                                         "write_aio")))
+                        f'"{d.error_at}"\nonce = "off"\n\n' for event in (
+                            f"{op}_aio" for op in d.error_on)))
                     opts += ["-blockdev", f"driver=blkdebug,node-name={node}-debug,"
                              f"config={rules},image={below}"]
                     below = f"{node}-debug"
-                if d.throttle_bps:
+                throttle = d.throttle_bps or (SLOT_LINK_BPS if d.slot else None)
+                if throttle:
                     opts += ["-object", f"throttle-group,id={node}-tg,x-bps-total="
-                             f"{d.throttle_bps}"]
+                             f"{throttle}"]
                     opts += ["-blockdev", f"driver=throttle,node-name={node}-throttle,"
                              f"throttle-group={node}-tg,file={below}"]
                     below = f"{node}-throttle"
@@ -362,6 +422,7 @@ class Guest:
                                               f"{body}{script}\n")
         k = kernel()
         sock = self.where / "qmp.sock"
+        sock.unlink(missing_ok=True)  # a guest before this one's (a host cut's reboot)
         cmd = ["vng", "--run", str(k), "--cpus", str(self.cpus), "--memory", self.memory,
                "--rwdir", str(self.shared), "--cwd", str(self.shared),
                "--exec", f"bash {self.shared / 'guest.sh'}",
@@ -415,20 +476,39 @@ class Guest:
     def pull(self, drive: int, timeout: float = 60) -> None:
         """The controller leaves the bus (a hot removal from its slot), awaited."""
         self.qmp.execute("device_del", id=f"ctrl{drive}")
-        self.qmp.wait_event("DEVICE_DELETED", timeout)
+        self.qmp.wait_event("DEVICE_DELETED", timeout, device=f"ctrl{drive}")
+
+    def plug(self, drive: int) -> None:
+        """A pulled single-namespace controller back in its slot, over the same node (the same
+        serial and bytes): the guest's hotplug finds it."""
+        d = self.drives[drive]
+        self.qmp.execute("device_add", driver="nvme", id=f"ctrl{drive}", serial=d.serial,
+                         bus=f"port{drive}", drive=f"drive{drive}n1", logical_block_size=d.lba,
+                         physical_block_size=d.lba)
 
     def throttle(self, drive: int, bps: int) -> None:
         """The first namespace's throttle (a Drive made with one) set to `bps` bytes a second."""
         self.qmp.execute("qom-set", path=f"/objects/drive{drive}n1-tg", property="limits",
                          value={"bps-total": bps})
 
-    def close(self) -> None:
-        """Kill the guest and QEMU (the keeper's whole group) and remove every file it had."""
+    def power_off(self) -> None:
+        """Kill QEMU and the guest at once (the keeper's whole group), as a host losing its
+        power: what QEMU had written to the drives' files stays, and the folder stays for a
+        guest booted over it (`reuse`)."""
         if self.qmp:
             self.qmp.close()
             self.qmp = None
         if self.proc:
+            leader = self.proc.pid
             stop(self.proc)
+            self.proc = None
+            deadline = time.monotonic() + 10  # QEMU itself gone, not only its keeper
+            while group_of(leader) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        """Kill the guest and QEMU (the keeper's whole group) and remove every file it had."""
+        self.power_off()
         kept = os.environ.get("QUAL_GUEST_KEEP")  # a developer's look at what a guest left
         if kept:
             shutil.copytree(self.where, Path(kept) / self.where.name, dirs_exist_ok=True,

@@ -6,10 +6,9 @@ device is refused and left untouched."""
 from __future__ import annotations
 
 import errno
-import os
 
 import pytest
-from testbed import TINY_ALL, flip_byte, load_record, needs_root, run_suite, sha256_of
+from testbed import TINY_ALL, flip_byte, load_record, needs_root, overwrite, run_suite, sha256_of
 
 from qual import engine
 from qual.engine import Fault, verify_block, verify_blocks
@@ -37,15 +36,6 @@ def write(path, seq, *, random=False, **kw):
 def check(path, seq, *, random=False, seed=SEED, **kw):
     return verify_blocks(path, op="read", block_size=BS, queue_depth=8, offset=0, size=SIZE,
                          seed=seed, seq=seq, random=random, **kw)
-
-
-def overwrite(path, offset, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.pwrite(fd, data, offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize("backend", ["io_uring", "psync"])

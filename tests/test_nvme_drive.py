@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from nvmeguest import Drive, Guest, group_of, missing
+from nvmeguest import FIND, PROFILE, Drive, Guest, group_of, missing, record_of, suite_run
 from testbed import qual, time_limit
 
 # a guest's boot and run are the first test's set-up: several minutes of an emulated CPU on a
@@ -35,38 +35,7 @@ from testbed import qual, time_limit
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500),
               pytest.mark.skipif(bool(missing()), reason=missing() or "")]
 
-PROFILE = Path(__file__).resolve().parent / "profiles" / "nvme.toml"
-SUITES = Path(__file__).resolve().parent.parent / "suites"
 MiB = 1 << 20
-
-# shell functions for the guest's scripts: a namespace's and a controller's node by serial
-FIND = r"""
-dev() {  # dev SERIAL [NSID]: the namespace's block device (a shared one's sits in its
-         # subsystem, a private one's in its controller; nvmeXcYnZ is a path, not a device)
-  for d in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/nvme*; do
-    [ "$(tr -d ' ' < $d/serial)" = "$1" ] || continue
-    for b in $d/nvme*n${2:-1}; do
-      case ${b##*/} in *c*n*) continue;; esac
-      [ -e "$b" ] && echo /dev/${b##*/} && return 0
-    done
-  done; return 1; }
-ctrl() {  # ctrl SERIAL: the controller's character device
-  for c in /sys/class/nvme/nvme*; do
-    [ "$(tr -d ' ' < $c/serial)" = "$1" ] && echo /dev/$(basename $c) && return 0
-  done; return 1; }
-"""
-
-
-def suite_run(results: str, targets: list[str], *args: str) -> str:
-    """A shell line running the suites as `qual run` does, without Allure (so no chart is
-    drawn: matplotlib's import alone is 20 s of the guest's CPU)."""
-    cmd = ["python3", "-m", "pytest", str(SUITES), "-c", str(SUITES / "pytest.ini"),
-           f"--qual-profile={PROFILE}", f"--qual-results={results}", "-p", "no:cacheprovider",
-           "-p", "no:benchmark", "-p", "no:hypothesispytest", "--qual-allow-destructive",
-           "-o", "console_output_style=classic", *args]
-    return shlex.join(cmd) + " " + " ".join(
-        f'--qual-target=$(dev {t}) --qual-confirm-serial={t}' for t in targets)
-
 
 def progress(guest: Guest, log: str, pattern: str, timeout: float) -> None:
     """Wait until the guest's `log` (in its shared folder) shows `pattern`."""
@@ -78,14 +47,6 @@ def progress(guest: Guest, log: str, pattern: str, timeout: float) -> None:
                                  f"{path.read_text(errors='replace')[-3000:] if path.exists() else ''}"
                                  f"\n{guest.output()[-3000:]}")
         time.sleep(0.2)
-
-
-def record_of(results: Path, serial: str) -> dict:
-    for path in results.rglob("qual-run.json"):
-        doc = json.loads(path.read_text())
-        if doc["target"]["identity"]["serial"] == serial:
-            return doc
-    raise AssertionError(f"no record of {serial} under {results}")
 
 
 def by_name(record: dict) -> dict[str, dict]:
@@ -317,21 +278,29 @@ def test_the_store_on_a_shared_folder_keeps_the_runs(rig):
 
 # ------------------------------------------------------------------------------- the faults
 
-ERROR_SECTOR = 20_000  # inside the bandwidth region (16 MiB: sectors 0-32767), past integrity's 4
-FAULT_DRIVES = ["QUALPULL", "QUALERR", "QUALRESET", "QUALHOT", "QUALSLOW"]
+# in the fourth of the first four 64 KiB writes a queue of 4 submits from the region's start: every
+# family that writes meets it whatever the emulated CPU's speed (at sector 20,000, a loaded machine's
+# 0.3 s write cell once ended before reaching it). Only writes fail there: udev's probe reads
+# these blocks after every write, and the kernel's rate-limited log of its failed reads could
+# crowd out the writes' lines
+ERROR_SECTOR = 392
+FAULT_DRIVES = ["QUALPULL", "QUALERR", "QUALHOT", "QUALSLOW"]
 
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
-    """One guest: five drives qualified in turn in one suite run: the first pulled from its
-    slot during its second test, the second failing a sector, the third reset during its
-    first test, the fourth with its temperature threshold set below its temperature, the fifth
-    throttled; then the fifth again, its throttle cut to 70 %."""
-    guest = Guest([Drive("QUALPULL", slot=True), Drive("QUALERR", error_at=ERROR_SECTOR),
+    """One guest: four drives qualified in turn in one suite run: the first pulled from its
+    slot during its second test, the second failing a sector, the third with its temperature
+    threshold set below its temperature, the fourth throttled; then a second run of the
+    fourth, its throttle cut to 70 %, and of a fifth, reset during its test. The reset goes
+    last: QEMU may lose the command in flight across it, and the stall that follows ends
+    the run it is in (docs/ARCHITECTURE.md, "A watchdog"), every drive's tests after it."""
+    guest = Guest([Drive("QUALPULL", slot=True),
+                   Drive("QUALERR", error_at=ERROR_SECTOR, error_on=("write",)),
                    Drive("QUALRESET"), Drive("QUALHOT"),
                    Drive("QUALSLOW", throttle_bps=40 * MiB)],
                   tmp_path_factory.mktemp("faults"))
-    again = suite_run("again", ["QUALSLOW"], "-k", "seq_read-")
+    again = suite_run("again", ["QUALSLOW", "QUALRESET"], "-k", "seq_read-")
     try:
         guest.start(FIND + f"""
 nvme set-feature $(ctrl QUALHOT) -f 4 -v 300 > /dev/null
@@ -339,17 +308,17 @@ nvme set-feature $(ctrl QUALHOT) -f 4 -v 300 > /dev/null
 {suite_run("faults", FAULT_DRIVES, "-k", "not latency and not charts and not checkpoint")} \
   > faults.txt 2>&1
 echo $? > faults.rc
-dmesg > dmesg.txt
 while [ ! -e throttled ]; do sleep 0.1; done
 {again} > again.txt 2>&1
+dmesg > dmesg.txt
 """, env={"QUAL_STORE": "off", "PYTHONUNBUFFERED": "1"})
         progress(guest, "faults.txt", r"\[2/\d+\] \S+drive0\]", 300)
         guest.pull(0)
-        progress(guest, "faults.txt", r"\[\d+/\d+\] \S+drive2\]", 300)
-        (guest.shared / "reset-now").touch()
         guest.wait_for("faults.rc", 600)
         guest.throttle(4, 28 * MiB)
         (guest.shared / "throttled").touch()
+        progress(guest, "again.txt", r"\[\d+/\d+\] \S+drive1\]", 300)
+        (guest.shared / "reset-now").touch()
         guest.wait(300)
         yield guest
     finally:
@@ -358,16 +327,24 @@ while [ ! -e throttled ]; do sleep 0.1; done
 
 def test_a_medium_error_fails_naming_the_drives_status_and_its_lba(faults):
     record = record_of(faults.shared / "faults", "QUALERR")
-    # the write cell's, and the read cell's fill of the region it reads
+    # the write cell's, the read cell's fill of the region it reads, and each read-back's writes
     errors = record["summary"]["device_errors"]
-    assert [e["drive"]["status"] for e in errors] == ["Write Fault (sct 0x2 / sc 0x80)"] * 2
+    ran = by_name(record)
+    writers = {"test_bandwidth.py::test_cell[seq_write-64K-qd4-drive1]",
+               "test_bandwidth.py::test_cell[seq_read-64K-qd4-drive1]"} | {
+        name for name in ran if name.startswith("test_integrity.py::test_blocks_read_back")}
+    assert len(writers) > 2 and sorted(e["test"].rsplit("/", 1)[-1] for e in errors) == sorted(
+        writers), errors
+    # each as the kernel logged its Write (a line it rate-limited away leaves the errno alone)
+    assert {e["drive"]["status"] for e in errors if e["drive"]["source"] == "kernel log"} == {
+        "Write Fault (sct 0x2 / sc 0x80)"}
     for e in errors:
-        assert e["drive"]["lba"] <= ERROR_SECTOR < e["drive"]["lba"] + e["drive"]["blocks"]
+        if e["drive"]["source"] == "kernel log":
+            assert e["drive"]["lba"] <= ERROR_SECTOR < e["drive"]["lba"] + e["drive"]["blocks"]
     said = errors[0]["drive"]
     assert said["source"] == "kernel log" and said["command"] == "Write"
     assert said["status"] == "Write Fault (sct 0x2 / sc 0x80)"
     assert said["lba"] <= ERROR_SECTOR < said["lba"] + said["blocks"] and said["lba_size"] == 512
-    ran = by_name(record)
     cell = ran["test_bandwidth.py::test_cell[seq_write-64K-qd4-drive1]"]
     assert cell["outcome"] == "failed" and "Write Fault (sct 0x2 / sc 0x80)" in cell["message"]
     assert f"at LBA {said['lba']:,}" in cell["message"]
@@ -375,9 +352,9 @@ def test_a_medium_error_fails_naming_the_drives_status_and_its_lba(faults):
     (written,) = [v for t in record["tests"] for v in t["verdicts"]
                   if v["id"] == "health_written_unaccounted[family=bandwidth]"]
     assert written["passed"] and "B of writes it failed: they agree" in written["line"], written
-    # the rest of the run goes on: the read-back outside the bad sector passes
-    assert ran["test_integrity.py::test_blocks_read_back_as_written[sequential-drive1]"][
-        "outcome"] == "passed"
+    # the rest of the run goes on: each family's health test ran, judged and passed
+    health = [t for name, t in ran.items() if "::test_health[" in name]
+    assert health and all(t["outcome"] == "passed" for t in health), health
 
 
 def test_a_controller_pulled_from_its_slot_is_gone_and_the_others_go_on(faults):
@@ -387,7 +364,7 @@ def test_a_controller_pulled_from_its_slot_is_gone_and_the_others_go_on(faults):
     met = outcomes.index("broken")
     assert "device gone" in record["tests"][met]["message"]
     assert set(outcomes[met + 1:]) == {"skipped"} and "failed" not in outcomes[:met]
-    for serial in ("QUALRESET", "QUALHOT"):
+    for serial in ("QUALHOT", "QUALSLOW"):
         assert any(t["outcome"] == "passed" for t in record_of(
             faults.shared / "faults", serial)["tests"])
 
@@ -396,7 +373,8 @@ def test_a_controller_reset_mid_test_is_survived_or_named(faults):
     assert (faults.shared / "reset-done").exists()
     assert re.search(r"nvme nvme\d+: resetting controller|Removing ctrl|reset", 
                      (faults.shared / "dmesg.txt").read_text())
-    record = record_of(faults.shared / "faults", "QUALRESET")
+    record = record_of(faults.shared / "again", "QUALRESET")
+    assert record["tests"]
     for t in record["tests"]:
         assert t["outcome"] in ("passed", "skipped") or t["message"], t
 
@@ -412,8 +390,10 @@ def test_a_temperature_threshold_below_the_drive_fails_naming_it(faults):
 def test_a_drive_throttled_to_70_percent_is_called_regressed(faults):
     first = record_of(faults.shared / "faults", "QUALSLOW")
     (faults.where / "first.json").write_text(json.dumps(first))
-    proc = qual("compare", str(faults.where / "first.json"),
-                str(faults.shared / "again" / "qual-run.json"), cwd=faults.where)
+    (faults.where / "again.json").write_text(json.dumps(record_of(faults.shared / "again",
+                                                                  "QUALSLOW")))
+    proc = qual("compare", str(faults.where / "first.json"), str(faults.where / "again.json"),
+                cwd=faults.where)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert re.search(r"^REGRESSED: seq_read_bw\[bs=64K,qd=4\] = .* is \d+\.\d % worse than "
                      r"baseline", proc.stdout, re.M), proc.stdout

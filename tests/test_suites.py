@@ -15,7 +15,7 @@ from testbed import TINY_ALL, blank, needs_root, qual, ram_loop, serial_of
 
 pytestmark = [needs_root, pytest.mark.slow]
 
-RAW = {"bandwidth", "integrity", "pts", "kvcache"}  # the families that run on the device itself
+RAW = {"bandwidth", "integrity", "pts", "kvcache", "powercut"}  # those on the device itself
 FILES = {"checkpoint", "gnn", "training", "vectordb"}  # those on qual's filesystem there
 
 

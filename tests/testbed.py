@@ -280,6 +280,23 @@ def serial_of(dev: str) -> str:
     return sh("losetup", "--noheadings", "--output", "BACK-FILE", dev)
 
 
+def overwrite(path, offset: int, data: bytes) -> None:
+    """Bytes written over a file or device at `offset`, durable: damage a test plants."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def loops_of(backing: str | Path) -> list[str]:
+    """The loop devices that hold `backing` now."""
+    out = subprocess.run(["losetup", "--noheadings", "--output", "NAME", "--associated",
+                          str(backing)], capture_output=True, text=True)
+    return out.stdout.split()
+
+
 def detach_loop(dev: str, backing: str | Path) -> None:
     """Detach `dev` if it is still the loop device over `backing`. A device detached earlier
     (a test that takes a drive away) is free once its last holder lets go, and another test's
@@ -306,6 +323,8 @@ def ram_loop(name: str, size: int = CI_DEVICE):
     finally:
         subprocess.run(["umount", dev], capture_output=True)
         detach_loop(dev, backing)
+        for moved in loops_of(backing):  # a power cut may have attached it elsewhere
+            subprocess.run(["losetup", "--detach", moved], capture_output=True)
         backing.unlink(missing_ok=True)
 
 

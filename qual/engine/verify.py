@@ -61,9 +61,10 @@ def verify_blocks(path: str, *, op: str, block_size: int, queue_depth: int, offs
                   direct: bool = True, expect: tuple[int, int] | None = None,
                   backend: str = "auto",
                   faults: tuple[Fault, ...] = (), max_report: int = 16,
-                  progress: Progress | None = None) -> VerifyResult:
+                  progress: Progress | None = None, ctl=None) -> VerifyResult:
     """Write verification blocks over [offset, offset + size) with sequence `seq` (op "write",
-    durable when it returns), or read them back and classify every block (op "read")."""
+    durable when it returns), or read them back and classify every block (op "read"). `ctl`
+    (engine.new_ctl()): a control block another thread may cancel the pass through."""
     if op not in OPS:
         raise InvalidJob(errno_mod.EINVAL, f"op {op!r} is not one of {', '.join(OPS)}")
     if backend not in BACKENDS:
@@ -78,7 +79,7 @@ def verify_blocks(path: str, *, op: str, block_size: int, queue_depth: int, offs
     if faults:
         fill_faults(cfaults, faults)
     o.faults, o.nfaults = cfaults, len(faults)
-    ctl = ffi.new("struct qual_ctl *")
+    ctl = ctl if ctl is not None else ffi.new("struct qual_ctl *")
     res = ffi.new("struct qual_verify_result *")
     bad = ffi.new("struct qual_bad_block[]", max(1, max_report))
     cpath = os.fsencode(path)

@@ -19,7 +19,7 @@ import allure
 import pytest
 
 from qual import report, thresholds
-from qual.errors import DataMismatch, DeviceIoError, Stalled, errno_name
+from qual.errors import DataMismatch, DeviceIoError, NotApplicable, Stalled, errno_name
 from qual.plugin.recorder import Recorder
 from qual.plugin.session import (DEPARTED, DEVICE_ERROR, DRIVE, QUAL_FIXTURES, QUAL_TEST,
                                  SESSION_KEY, STATUS, TARGET_INFO, WHERE, QualSession,
@@ -27,6 +27,7 @@ from qual.plugin.session import (DEPARTED, DEVICE_ERROR, DRIVE, QUAL_FIXTURES, Q
 from qual.measurement import Measurement
 from qual.flags import claimed
 from qual.targets import DEFAULT_TARGET, drive_status
+from qual.workloads import registry
 from qual.workloads.base import Repeated
 
 RECORDER_KEY = pytest.StashKey["Recorder"]()
@@ -78,6 +79,11 @@ def pytest_addoption(parser):
                 help="continue the run whose journal is in --qual-results (killed, stopped): "
                      "the tests it finished are kept, the rest run; refused for another "
                      "profile, drive serial or firmware, or qual version")
+    for family in registry().values():  # a family's setting a rig gives per run
+        for f in family.fields:
+            if f.run_flag:
+                g.addoption(f.run_flag, default=None, metavar=f.kind.upper(),
+                            help=f"{f.help} (over the profile's {family.name}.{f.name})")
     g.addoption("--qual-plan", default=None, metavar="FILE",
                 help="make the run's plan (tests, bytes, estimated seconds, refusals), write it "
                      "to FILE as JSON (- for stdout) and run nothing")
@@ -176,12 +182,20 @@ def _declared_test(declared, module: str):
 def _each_test(declared, module: str):
     """The test a family declares for each value of its table (SuiteTest.each): a run of its
     own, recorded whole, its lines printed, its charts and texts attached."""
-    def test(qual_value, repetition, table, target, record, progress):
+    def test(request, qual_value, repetition, table, target, record, progress):
         why = declared.skip(table) if declared.skip else None
         if why:
             pytest.skip(why)
         record.repeat(repetition)
-        outcome = declared.run(target, table, qual_value, seed=record.seed, progress=progress)
+        kept = {}
+        if declared.keeps_state:
+            kept = {"resume": request.config.option.qual_resume, "state": qual_session(
+                request.config).record_path(target.spec).with_name(f"{declared.name}.state")}
+        try:
+            outcome = declared.run(target, table, qual_value, seed=record.seed,
+                                   progress=progress, **kept)
+        except NotApplicable as e:  # nothing of it applies to this drive: said, not failed
+            pytest.skip(f"not applicable: {e.message}")
         for line in outcome.lines():
             print(line)
         record.outcome(outcome, charts=declared.charts)

@@ -68,6 +68,7 @@ class QualSession:
             self.profile = thresholds.load_profile(opt.qual_profile, self.families)
         except thresholds.ProfileError as e:
             raise pytest.UsageError(f"--qual-profile {opt.qual_profile}: invalid profile:\n{e}") from None
+        self._run_settings(opt)
         if opt.qual_repeats is not None and not 1 <= opt.qual_repeats <= 100:
             raise pytest.UsageError(f"--qual-repeats {opt.qual_repeats}: give 1 to 100 "
                                     "repetitions")
@@ -268,7 +269,7 @@ class QualSession:
         raw = self.where(t.spec, self.family_of(item)) == "raw"
         return drive_status.said(t.identity.device, err.errno, since=since,
                                  offset=err.offset if raw else None,
-                                 lba_size=t.identity.logical_block_size)
+                                 lba_size=t.identity.logical_block_size, op=err.op)
 
     def target_info(self, spec: str) -> dict | None:
         """A target's identity, sent to the controller once per process and drive."""
@@ -657,6 +658,26 @@ class QualSession:
             run_id=self.journals[spec].header.get("run_id") or uuid.uuid4().hex,
             rig=rig_label(),
             device_gone=self.departed.get(spec))
+
+    def _run_settings(self, opt) -> None:
+        """A family's settings a rig gives for this run (a field's `run_flag`: the power-cut
+        command, say) over the profile's table, so the plan and the tests both see them;
+        refused where the profile has no table for them or they do not parse."""
+        for family in self.families.values():
+            for f in family.fields:
+                value = getattr(opt, f.run_flag.removeprefix("--").replace("-", "_"), None) \
+                    if f.run_flag else None
+                if value is None:
+                    continue
+                table = self.profile.table(family.name)
+                if table is None:
+                    raise pytest.UsageError(f"{f.run_flag}: profile {self.profile.name} has no "
+                                            f"[{family.name}] table: no test would use it")
+                try:
+                    table.update(thresholds.family_table(family, {f.name: value}, base=table,
+                                                         label=f.run_flag))
+                except thresholds.ProfileError as e:
+                    raise pytest.UsageError(f"{f.run_flag} {value}: {e}") from None
 
     def record_path(self, spec: str) -> Path:
         """results/qual-run.json; with several drives, results/<drive>/qual-run.json."""

@@ -16,6 +16,7 @@ import os
 import shutil
 import stat
 import struct
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,7 @@ SCRATCH_NAME = "qual-target.dat"
 FILL_BLOCK = 1 << 20
 FILL_DEPTH = 8
 FILL_SEED = 0x7175616C  # "qual"
+REBIND_LOCK_S = 30  # udev's probe of a drive that came back holds it this long at most
 SPACE_RESERVE = 64 << 20  # never fill a filesystem to the last byte
 
 _BLKGETSIZE64 = 0x80081272
@@ -317,6 +319,39 @@ class Target:
             why = "is in use (mounted or held): exclusive open refused" if e.errno == errno.EBUSY \
                 else f"cannot open exclusively: {e.strerror}"
             raise TargetUnavailable(e.errno, why, target=self.spec) from None
+
+    def let_go(self) -> bool:
+        """Close what this process holds open on a block device (its lock and exclusive hold)
+        before the device is cut off: a loop device is detached only once nobody holds it, and
+        a drive that comes back is another device. Returns whether it was locked."""
+        self.release_claim()
+        locked = self._lock_fd is not None
+        if locked:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        return locked
+
+    def rebind(self, path: Path, *, lock: bool) -> None:
+        """The same drive (the caller proved its serial) back at `path`, perhaps under another
+        name: what the target is, re-read; the guard asked again before any write; the lock
+        taken again where it was held."""
+        self.path = path
+        st = os.stat(path)
+        self.dev = st.st_rdev
+        self.identity = read_identity(self.dev, is_block_target=True, path=path)
+        self._sysfs = sysfs_dir(self.dev)
+        self._sectors = int(read_sysfs(self._sysfs / "size") or 0) if self._sysfs else 0
+        self.inode = None
+        if lock:  # udev probes a device that appears under its shared lock: wait it out
+            deadline = time.monotonic() + REBIND_LOCK_S
+            while True:
+                try:
+                    self.lock()
+                    break
+                except TargetUnavailable as e:
+                    if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
 
     def job(self, **kw) -> IoJob:
         """An IoJob on this target, aligned to it. Building it validates the parameters;

@@ -160,6 +160,34 @@ def mountinfo() -> list[str]:
         return []
 
 
+def disk_serial(disk: Path, transport: str | None) -> str | None:
+    """A disk's serial as sysfs says it; a loop device has none of its own, and its backing
+    file names it uniquely."""
+    if transport == "loop":
+        return read_sysfs(disk / "loop" / "backing_file")
+    return read_sysfs(disk / "device" / "serial") or read_sysfs(disk / "serial")
+
+
+def namespace_id(disk: Path) -> int | None:
+    """An NVMe namespace's id (sysfs `nsid`), None for any other disk."""
+    text = read_sysfs(disk / "nsid")
+    return int(text) if text and text.isdigit() else None
+
+
+def find_disk(serial: str, transport: str | None, nsid: int | None) -> Path | None:
+    """The /dev node of the whole disk that has this serial (and, for an NVMe namespace, this
+    namespace id) and a capacity, or None: where a drive that left the system and came back
+    is now, whatever name the kernel gave it this time."""
+    for disk in sorted(Path("/sys/block").iterdir()):
+        if _transport(disk) != transport or disk_serial(disk, transport) != serial:
+            continue
+        if nsid is not None and namespace_id(disk) != nsid:
+            continue
+        if int(read_sysfs(disk / "size") or 0) > 0:
+            return Path("/dev") / disk.name
+    return None
+
+
 def read_identity(dev: int, *, is_block_target: bool, path: Path) -> Identity:
     """Identity of the block device `dev` (the target itself, or the one under a file)."""
     block_dir = sysfs_dir(dev)
@@ -171,11 +199,9 @@ def read_identity(dev: int, *, is_block_target: bool, path: Path) -> Identity:
     disk = disk_dir(block_dir)
     dev_dir = disk / "device"
     transport = _transport(disk)
-    serial = read_sysfs(dev_dir / "serial") or read_sysfs(disk / "serial")
+    serial = disk_serial(disk, transport)
     model = read_sysfs(dev_dir / "model")
     if transport == "loop":
-        # a loop device has no serial of its own; its backing file names it uniquely
-        serial = read_sysfs(disk / "loop" / "backing_file")
         model = "Linux loop device"
     elif transport == "virtio" and not model:
         model = "virtio block device"

@@ -56,6 +56,24 @@ def id_ctrl(devnode: str) -> dict | None:
     return _json(["id-ctrl", devnode])
 
 
+def id_ns(devnode: str) -> dict | None:
+    """Identify Namespace of the namespace `devnode`."""
+    return _json(["id-ns", devnode])
+
+
+def atomic_write_unit(devnode: str, lba_size: int) -> tuple[int, str] | None:
+    """The bytes a write is atomic in across a power failure, and where that was read: the
+    namespace's NAWUPF where its NSFEAT bit 1 says it has its own, else the controller's AWUPF
+    (both 0's based, in logical blocks); None where Identify cannot be read."""
+    ns = id_ns(devnode)
+    if ns is not None and int(ns.get("nsfeat", 0)) & 0x2:
+        return (int(ns.get("nawupf", 0)) + 1) * lba_size, "Identify Namespace NAWUPF"
+    ctrl = id_ctrl(devnode)
+    if ctrl is None or "awupf" not in ctrl:
+        return None
+    return (int(ctrl["awupf"]) + 1) * lba_size, "Identify Controller AWUPF"
+
+
 def smart_log(device: str) -> dict:
     """The SMART / health log of /dev/DEVICE; ValueError where it cannot be read."""
     doc = _json(["smart-log", f"/dev/{device}"])

@@ -20,6 +20,7 @@ BUILTIN = (
     "qual.workloads.gnn",
     "qual.workloads.training",
     "qual.workloads.integrity",
+    "qual.workloads.powercut",
     "qual.workloads.kvcache",
     "qual.workloads.vectordb",
     "qual.workloads.health",

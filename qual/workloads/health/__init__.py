@@ -96,13 +96,19 @@ def watched(table: dict | None) -> list[str]:
     family that runs a workload (one added through QUAL_FAMILIES included)."""
     if table and table.get("families"):
         return list(table["families"])
-    return [name for name, f in registry().items() if f.run is not None]
+    return _watchable()
+
+
+def _watchable() -> list[str]:
+    """Families with a workload whose drive stays up through it: a power cut restarts the
+    drive's SMART counters and the kernel's, so nothing before compares with after."""
+    return [name for name, f in registry().items() if f.run is not None and not f.restarts_drive]
 
 
 def _check(table: dict) -> list[tuple[str, str]]:
-    runs = [name for name, f in registry().items() if f.run is not None]
-    return [("families", f"{name!r} is not a registered family with a workload (one of "
-                         f"{', '.join(runs)})")
+    runs = _watchable()
+    return [("families", f"{name!r} is not a registered family with a workload the drive "
+                         f"stays up through (one of {', '.join(runs)})")
             for name in table.get("families") or () if name not in runs]
 
 
