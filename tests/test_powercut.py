@@ -263,3 +263,29 @@ def test_the_plan_lists_the_cut_it_will_run(loop, tmp_path):
                            "--plan", "--qual-power-cut", bmc],  # ci: no [powercut] table
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 4 and "has no [powercut] table" in proc.stdout + proc.stderr
+
+
+def test_a_cut_command_dies_with_a_killed_qual(loop, tmp_path):
+    storage = loop()
+    pid = tmp_path / "cut.pid"
+    proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "powercut", "--target",
+                             storage.dev, "--allow-destructive", "--confirm-serial",
+                             str(storage.file), *QUICK, "--power-cut",
+                             f"echo $$ > {pid}; exec sleep 300", "--state",
+                             str(tmp_path / "pc.state"), "-q"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid.exists() and pid.read_text().strip()):
+            assert time.monotonic() < deadline and proc.poll() is None, "no cut began"
+            time.sleep(0.05)
+        cut = int(pid.read_text())
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{cut}").exists() and "zombie" not in Path(
+                f"/proc/{cut}/status").read_text(errors="replace").lower():
+            assert time.monotonic() < deadline, "the cut command outlived qual"
+            time.sleep(0.05)
+    finally:
+        proc.kill()

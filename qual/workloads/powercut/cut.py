@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from qual import watchdog
 from qual.errors import InvalidJob, NotApplicable, QualError, TargetUnavailable
 from qual.targets.identity import find_disk, namespace_id, read_sysfs
 
@@ -94,12 +95,14 @@ class Cut:
     quiesce: bool = False
 
     def run(self, timeout: float) -> None:
-        """The cut, bounded by `timeout`: its process group killed past it. A command that
-        fails or outlives its bound is a CutFailed naming its exit and its last words."""
+        """The cut, bounded by `timeout`: its process group killed past it, its shell killed
+        with qual. A command that fails or outlives its bound is a CutFailed naming its exit
+        and its last words."""
         try:
             proc = subprocess.Popen(["/bin/sh", "-c", self.line], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=watchdog.dies_with_me())
         except OSError as e:
             raise CutFailed(e.errno, f"the power-cut command could not start: {e.strerror}")
         try:
