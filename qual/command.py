@@ -70,7 +70,8 @@ def add_parser(sub, family: Family) -> None:
                                    "target and print what it measured; with --profile, judge it "
                                    "and store the run (docs/store.md). Exit 0: done (with "
                                    "--profile: every criterion met); 1: a criterion failed or "
-                                   "the drive failed an I/O; 2: a bad flag, before any I/O; 5: "
+                                   "the drive failed an I/O; 2: a bad flag, before any I/O; 4: not "
+                                   "applicable to this target, said before any I/O; 5: "
                                    "INCONCLUSIVE; 6: INCOMPLETE (a criterion not judged); 130: "
                                    "interrupted.")
     p.set_defaults(family=family)
