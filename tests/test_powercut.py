@@ -289,3 +289,19 @@ def test_a_cut_command_dies_with_a_killed_qual(loop, tmp_path):
             time.sleep(0.05)
     finally:
         proc.kill()
+
+
+def test_a_drive_back_under_another_name_is_cut_there_next(loop, tmp_path):
+    """The first cut leaves the device's name to another file, so the drive comes back under
+    a new one; the second cut must take the drive where it is now, not the old name's."""
+    storage, other = loop("moved"), loop("other")
+    cut = (f"losetup -d {{device}} && losetup {{device}} {other.file} && "
+           f"losetup --find {storage.file}")
+    proc = powercut(storage.dev, str(storage.file), *QUICK, "--power-cut", cut, "--state",
+                    str(tmp_path / "pc.state"), "--json", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [c["bad"] for c in doc["cycles"]] == [[], []]
+    assert doc["cycles"][0]["device"] != storage.dev  # it came back elsewhere
+    assert len(storage.now()) == 1, storage.now()  # each cut took the drive itself
+    assert storage.dev in other.now()  # and left the other file where the first cut put it

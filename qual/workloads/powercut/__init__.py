@@ -241,6 +241,9 @@ class Run:
             time.sleep(0.02)
         if writer.error:  # before the cut: the drive's own failure
             raise writer.error
+        # resolved again for the drive as it is now: one that came back under another name
+        # is cut there (`{device}` at its old name would be another drive's now)
+        self.cut = cut.resolve(self.table["command"], self.target)
         self.state.log("cut", cycle=k, at=time.time(), moment=round(moment, 3), how=self.cut.how)
         bound = self.table["return_timeout"]
         if self.cut.quiesce:  # nobody can take a loop device's power while it is written
