@@ -38,7 +38,7 @@ def qual(*args: str, cwd) -> subprocess.CompletedProcess:
 def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, ram_device,
                                                                        loop_device):
     """`qual vectordb --profile ci` on ext4 over a RAM-backed loop device: PASS; recall@10 at
-    L=100 at least 0.9 (100 % here); every search list's bytes, as the searchers' own kernel
+    L=100 at least 0.95 (100 % here), at L=10 below it (81 % here); every search list's bytes, as the searchers' own kernel
     accounting says them, within 2 % of what the drive counted (what their page-ins read
     aside); the build's writes counted; a
     longer search list reads more per query and answers fewer queries a second; nothing left."""
@@ -61,7 +61,9 @@ def test_the_ci_index_answers_right_and_the_drive_counted_every_read(tmp_path, r
             0.02 * s["read_bytes"] + s["page_ins"] * READ_AROUND, s
     assert searches[10]["read_per_query"] < searches[50]["read_per_query"] < \
         searches[100]["read_per_query"]
-    assert searches[10]["recall"] <= searches[100]["recall"]
+    # recall is against the exact neighbours: a search list of 10 misses some (0.81 here), so
+    # truth taken from DiskANN's own answer (recall 1 always) fails
+    assert searches[10]["recall"] < 0.95 <= searches[100]["recall"]
     build = doc["build"]
     assert build["truth"]["device_truth"] == "counted" and build["written"] >= build["index_bytes"]
     assert build["disk_index_bytes"] == index_bytes({"vectors": 10000, "dimensions": 128,
