@@ -25,7 +25,7 @@ from pathlib import Path
 
 from qual import watchdog
 from qual.errors import InvalidJob, NotApplicable, QualError, TargetUnavailable
-from qual.targets.identity import find_disk, namespace_id, read_sysfs
+from qual.targets.identity import disk_dir, find_disk, namespace_id, read_sysfs
 
 WORDS = {  # qual's own cuts, as the plan says them
     "auto": "qual's own: a loop device detached and attached again, or the PCIe slot's power "
@@ -60,7 +60,7 @@ class Drive:
 
     @classmethod
     def of(cls, target) -> Drive:
-        disk = target._sysfs.parent if (target._sysfs / "partition").exists() else target._sysfs
+        disk = disk_dir(target._sysfs)
         return cls(target.identity.serial, target.identity.transport, namespace_id(disk),
                    pci_address(disk))
 

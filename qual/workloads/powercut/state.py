@@ -55,7 +55,9 @@ class State:
             raise QualError(17, f"{self.path} exists and is not a qual powercut state: qual "
                             "replaces only a state it wrote (give another --state)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        # appends only: the writer's thread and the run's log events on one descriptor
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND |
+                     os.O_CLOEXEC, 0o644)
         self._fd = fd
         self._append({"event": HEADER})
         self.log("begin", **begin)
