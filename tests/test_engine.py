@@ -138,6 +138,13 @@ def test_time_bound_stops_the_job(pattern_file):
     assert res.ops > 0 and res.latency.count == res.ops
 
 
+def test_a_worker_woken_after_the_deadline_still_issues(pattern_file):
+    # a round of 1 µs is over before any worker runs, as a 100 ms round is on a host whose
+    # cores are busy: each worker still brings back one I/O, so the round is not empty
+    res = run_job(job(pattern_file(8 * MiB), runtime=1e-6, workers=3, queue_depth=1))
+    assert 3 <= res.ops <= 6 and res.latency.count == res.ops
+
+
 def test_first_bound_reached_wins(pattern_file):
     res = run_job(job(pattern_file(8 * MiB), runtime=60, bytes=1 * MiB))
     assert res.bytes == 1 * MiB and res.elapsed < 60
