@@ -39,6 +39,7 @@ class Moved:
 
     bytes: int
     latencies: np.ndarray
+    starts: np.ndarray
     elapsed: float
     sync_s: float = 0.0
 
@@ -55,20 +56,23 @@ class NpyTier:
         return os.path.join(self.folder, f"{offset}.npy")
 
     def write(self, entries) -> Moved:
-        lat, t0 = [], time.perf_counter()
+        lat, starts, t0 = [], [], time.perf_counter()
         for offset, buf in entries:
             t = time.perf_counter()
+            starts.append(t - t0)
             with open(self._path(offset), "wb") as f:
                 np.save(f, buf, allow_pickle=False)
                 f.flush()
                 os.fsync(f.fileno())
             lat.append(time.perf_counter() - t)
-        return Moved(sum(len(b) for _, b in entries), np.array(lat), time.perf_counter() - t0)
+        return Moved(sum(len(b) for _, b in entries), np.array(lat), np.array(starts),
+                     time.perf_counter() - t0)
 
     def read(self, entries) -> Moved:
-        lat, t0 = [], time.perf_counter()
+        lat, starts, t0 = [], [], time.perf_counter()
         for offset, buf in entries:
             t = time.perf_counter()
+            starts.append(t - t0)
             path = self._path(offset)
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -77,7 +81,8 @@ class NpyTier:
                 os.close(fd)
             buf[:] = np.load(path, allow_pickle=False)
             lat.append(time.perf_counter() - t)
-        return Moved(sum(len(b) for _, b in entries), np.array(lat), time.perf_counter() - t0)
+        return Moved(sum(len(b) for _, b in entries), np.array(lat), np.array(starts),
+                     time.perf_counter() - t0)
 
 
 def _round(target: Target, table: dict, open_store) -> dict:

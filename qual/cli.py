@@ -20,7 +20,7 @@ from qual import (command, engine, first_page, flags, record, report, shipped, s
                   thresholds, units, watchdog)
 from qual.exits import Exit, help_text
 from qual.engine import InvalidJob, QualError
-from qual.errors import NotApplicable
+from qual.errors import NotApplicable, Refused
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.record import LAST_RECORD, RECORD_NAME
 from qual.targets import Target
@@ -365,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_history(args)
     except NotApplicable as e:  # nothing of the run applies here: refused before any I/O
         print(f"qual {args.command}: not applicable: {e}", file=sys.stderr)
+        return Exit.REFUSED
+    except Refused as e:  # the run as asked would measure nothing worth having
+        print(f"qual {args.command}: refused: {e}", file=sys.stderr)
         return Exit.REFUSED
     except InvalidJob as e:  # the job's own parameters: a bad flag, refused before any I/O
         print(f"qual {args.command}: error: {e}", file=sys.stderr)

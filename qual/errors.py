@@ -73,7 +73,12 @@ class BackendUnavailable(QualError):
     """The requested I/O backend cannot be used on this machine."""
 
 
-class NotApplicable(QualError):
+class Refused(QualError):
+    """The run as asked cannot give a figure worth having (a KV store too small for what its
+    users hold at once): refused before any I/O, saying why and what would do."""
+
+
+class NotApplicable(Refused):
     """The run does not apply to this target (a power cut where nothing can cut the power):
     refused before any I/O, saying why."""
 

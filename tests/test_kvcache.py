@@ -313,10 +313,11 @@ class FileStore:
         self.log: list[tuple[str, int, int]] = []  # (op, offset, bytes) of every entry moved
 
     def _moved(self, entries, op) -> SimpleNamespace:
-        started, lat, moved = time.perf_counter(), [], 0
+        started, lat, starts, moved = time.perf_counter(), [], [], 0
         for offset, buf, *length in entries:
             nbytes = length[0] if length else len(buf)
             t = time.perf_counter()
+            starts.append(t - started)
             for at in range(0, nbytes, len(buf)):  # a longer entry repeats its buffer
                 piece = buf[:min(len(buf), nbytes - at)]
                 if op == "write":
@@ -332,7 +333,7 @@ class FileStore:
             os.fdatasync(self.fd)
             sync = time.perf_counter() - t
             self.batches.append(len(entries))
-        return SimpleNamespace(bytes=moved, latencies=lat,
+        return SimpleNamespace(bytes=moved, latencies=lat, starts=starts,
                                elapsed=time.perf_counter() - started, sync_s=sync)
 
     def write(self, entries):

@@ -57,15 +57,19 @@ def test_entries_read_back_as_written_each_timed(tmp_path, backend):
 
 
 def test_an_entry_larger_than_a_block_is_timed_from_first_piece_to_last(tmp_path):
-    """An 8 MiB entry in 1 MiB pieces whose last piece the storage holds back 0.3 s: the
-    entry's latency holds that wait, though its first pieces came back at once."""
+    """An 8 MiB entry in 1 MiB pieces, one at a time, whose first and last pieces the storage
+    each holds back 0.2 s: the entry's latency holds both waits (not only its slowest
+    piece's), and it starts when the entry before it has come back."""
     small, big = entries_of([MiB, 8 * MiB], seed=5)
-    last = Fault(op="read", delay=0.3, offset_lo=big[0] + 7 * MiB, offset_hi=big[0] + 8 * MiB)
-    with KvStore(store_file(tmp_path), block_size=MiB, queue_depth=2, faults=(last,)) as kv:
+    held = tuple(Fault(op="read", delay=0.2, offset_lo=big[0] + at, offset_hi=big[0] + at + MiB)
+                 for at in (0, 7 * MiB))
+    with KvStore(store_file(tmp_path), block_size=MiB, queue_depth=1, faults=held) as kv:
         kv.write([small, big])
-        lat = kv.read([(small[0], engine.aligned_empty(MiB)),
-                       (big[0], engine.aligned_empty(8 * MiB))]).latencies
-    assert lat[1] >= 0.3 and lat[0] > 0
+        got = kv.read([(small[0], engine.aligned_empty(MiB)),
+                       (big[0], engine.aligned_empty(8 * MiB))])
+    assert got.latencies[1] >= 0.4 and got.latencies[0] > 0
+    assert got.starts[0] < 0.01 and got.starts[1] >= got.latencies[0]
+    assert got.starts[1] + got.latencies[1] <= got.io_s + 1e-6
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

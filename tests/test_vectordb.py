@@ -200,3 +200,33 @@ def test_qual_fit_scales_the_vectors_to_the_target_s_room(tmp_path, loop_device)
     vectors = fitted["fitted"]["vectordb"]["changes"]["vectors"]
     assert 10_000 < vectors < 1_000_000
     assert not (drive / "qual-vectordb").exists()
+
+
+@needs_root
+def test_a_search_whose_reads_the_drive_did_not_count_is_refused(tmp_path, ram_device,
+                                                                  loop_device):
+    """The device-bytes check of a search. DiskANN reads by O_DIRECT, so the page cache never
+    serves a search on ext4; what the check guards against is the same either way: bytes the
+    searchers say they read that the target's drive never counted. An index built on one RAM
+    drive and searched with the run's target on another is that: the target's drive counted
+    nothing of the search, and the search is refused as implausible (with the comparison
+    left out it passed, recall and all)."""
+    from qual.errors import ImplausibleMeasurement
+    from qual.targets import Target
+    from qual.thresholds import family_table
+    from qual.workloads import vectordb
+    from qual.workloads.vectordb import workload
+
+    index_drive = loop_device.mount(ram_device(256 << 20), options="noatime")
+    elsewhere = loop_device.mount(ram_device(64 << 20), options="noatime")
+    table = family_table(vectordb.FAMILY, {
+        "vectors": 2000, "dimensions": 32, "clusters": 16, "graph_degree": 16,
+        "build_list": 30, "queries": 100, "recall_queries": 50, "search_lists": [20],
+        "searchers": 1, "build_memory": "256 MiB"})
+    folder = index_drive / "index-run"
+    folder.mkdir()
+    built = workload._run(Target(index_drive), table, folder, lambda *a, **k: None,
+                          build=True)
+    assert built["searches"][0]["truth"]["device_truth"] == "counted"
+    with pytest.raises(ImplausibleMeasurement, match="did not reach the device"):
+        workload._run(Target(elsewhere), table, folder, lambda *a, **k: None, build=False)

@@ -365,6 +365,11 @@ struct qual_kv_opts {
     uint64_t command_timeout_ns; /* an I/O outstanding this long is a stall (0: NVMe's 30 s) */
     struct qual_fault *faults; /* offsets are the store's */
     uint32_t nfaults;
+    int unique;               /* 1: writes ignore the entries' buffers and move the store's own
+                                 random bytes, each 4 KiB stamped with (stamp, a counter), so
+                                 that no two 4 KiB blocks the store writes are alike (a drive
+                                 that compresses or deduplicates stores every byte) */
+    uint64_t stamp;           /* the run's stamp (unique: two stores of a run differ in it) */
 };
 struct qual_kv_entry {
     uint64_t offset;
@@ -383,10 +388,13 @@ struct qual_kv_result {
 int qual_kv_open(const char *path, const struct qual_kv_opts *o, struct qual_kv **out);
 int qual_kv_close(struct qual_kv *kv);
 int qual_kv_backend(const struct qual_kv *kv, int *backend);
-/* Move n entries (op: QUAL_OP_WRITE or QUAL_OP_READ); lat_ns[i] is entry i's latency. ctl
- * cancels; its bytes_done and ops_done (one per entry) grow when a batch completes. */
+/* Move n entries (op: QUAL_OP_WRITE or QUAL_OP_READ); lat_ns[i] is entry i's latency and
+ * start_ns[i] when its first piece was handed over, from the batch's start (so a request of
+ * several entries spans from its first entry's start to its last entry's end). ctl cancels;
+ * its bytes_done and ops_done (one per entry) grow when a batch completes. */
 int qual_kv_run(struct qual_kv *kv, int op, const struct qual_kv_entry *entries, uint32_t n,
-                uint64_t *lat_ns, struct qual_ctl *ctl, struct qual_kv_result *res);
+                uint64_t *lat_ns, uint64_t *start_ns, struct qual_ctl *ctl,
+                struct qual_kv_result *res);
 
 /* ---------------------------------------------------------------- data integrity (verify.c) */
 /* Verification blocks: every block of block_size bytes starts with a header

@@ -13,11 +13,14 @@
 
 #include "engine.h"
 
+#define STAMP_UNIT 4096u /* unique writes: each unit of this many bytes carries a stamp */
+
 struct qual_kv {
     struct qual_kv_opts o;
     int backend;
     int fd;
     int stalled;          /* an I/O of the store stalled: its descriptor is never closed */
+    uint64_t stamps;      /* unique writes: units stamped so far */
     struct ioq *q;
 };
 
@@ -55,13 +58,17 @@ int qual_kv_open(const char *path, const struct qual_kv_opts *o, struct qual_kv 
             .backend = kv->backend,
             .fd = kv->fd,
             .depth = o->queue_depth,
-            .buf_len = 0, /* entries move straight from (into) the caller's memory */
+            /* entries move straight from (into) the caller's memory; unique writes from
+             * each slot's own buffer, stamped as it is handed over */
+            .buf_len = o->unique ? o->block_size : 0,
             .deadline_ns = QUAL_UNBOUNDED,
             .stall_ns = o->command_timeout_ns ? o->command_timeout_ns : QUAL_COMMAND_TIMEOUT_NS,
             .faults = o->faults,
             .nfaults = o->nfaults,
         };
         rc = ioq_open(&kv->q, &qo);
+        for (uint32_t i = 0; !rc && o->unique && i < o->queue_depth; i++)
+            rc = qual_fill_random(ioq_buf(kv->q, i), o->block_size, o->stamp + i);
     }
     if (rc) {
         qual_kv_close(kv);
@@ -89,6 +96,16 @@ int qual_kv_backend(const struct qual_kv *kv, int *backend)
     return 0;
 }
 
+/* Unique writes: every STAMP_UNIT of a piece begins with the run's stamp and the store's next
+ * counter, over random bytes, so no unit equals another the store wrote. */
+static void stamp(struct qual_kv *kv, unsigned char *buf, uint32_t len)
+{
+    for (uint32_t at = 0; at + 2 * sizeof(uint64_t) <= len; at += STAMP_UNIT) {
+        uint64_t mark[2] = {kv->o.stamp, kv->stamps++};
+        memcpy(buf + at, mark, sizeof(mark));
+    }
+}
+
 static int piece_next(void *ctx, struct ioq_io *io)
 {
     struct batch *b = ctx;
@@ -99,7 +116,10 @@ static int piece_next(void *ctx, struct ioq_io *io)
     io->op = b->op;
     io->off = e->offset + b->cur_off;
     io->len = left < b->kv->o.block_size ? (uint32_t)left : b->kv->o.block_size;
-    io->buf = (unsigned char *)e->buf + (e->buf_len ? b->cur_off % e->buf_len : b->cur_off);
+    if (b->op == QUAL_OP_WRITE && b->kv->o.unique)
+        stamp(b->kv, io->buf, io->len); /* the slot's own buffer: no I/O of it is in flight */
+    else
+        io->buf = (unsigned char *)e->buf + (e->buf_len ? b->cur_off % e->buf_len : b->cur_off);
     io->tag = b->cur;
     b->cur_off += io->len;
     if (b->cur_off >= e->len) {
@@ -113,10 +133,14 @@ static int piece_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t 
 {
     struct batch *b = ctx;
     uint32_t i = (uint32_t)io->tag;
-    if (!b->first[i] || io->t_submit < b->first[i])
-        b->first[i] = io->t_submit;
-    if (io->t_submit + lat_ns > b->last[i])
-        b->last[i] = io->t_submit + lat_ns;
+    (void)lat_ns;
+    /* the queue has freed the slot (its t_submit is 0 by now): the piece was first handed over
+     * at t_first, and came back now */
+    uint64_t end = now_ns();
+    if (!b->first[i] || io->t_first < b->first[i])
+        b->first[i] = io->t_first;
+    if (end > b->last[i])
+        b->last[i] = end;
     if (res >= 0 && (uint64_t)res == io->len) {
         b->bytes += (uint64_t)res;
         return 0;
@@ -135,7 +159,8 @@ static int piece_done(void *ctx, const struct ioq_io *io, int64_t res, uint64_t 
 }
 
 int qual_kv_run(struct qual_kv *kv, int op, const struct qual_kv_entry *entries, uint32_t n,
-                uint64_t *lat_ns, struct qual_ctl *ctl, struct qual_kv_result *res)
+                uint64_t *lat_ns, uint64_t *start_ns, struct qual_ctl *ctl,
+                struct qual_kv_result *res)
 {
     memset(res, 0, sizeof(*res));
     if (op != QUAL_OP_READ && op != QUAL_OP_WRITE)
@@ -153,7 +178,7 @@ int qual_kv_run(struct qual_kv *kv, int op, const struct qual_kv_entry *entries,
             return qual_set_error(-EINVAL, "entry %u repeats a buffer of %llu bytes, not a "
                                   "multiple of the block size %u", i,
                                   (unsigned long long)e->buf_len, kv->o.block_size);
-        lat_ns[i] = 0;
+        lat_ns[i] = start_ns[i] = 0;
     }
     struct batch b = {.kv = kv, .op = op, .e = entries, .n = n};
     b.first = calloc(n ? n : 1, sizeof(*b.first));
@@ -178,8 +203,10 @@ int qual_kv_run(struct qual_kv *kv, int op, const struct qual_kv_entry *entries,
             rc = qual_set_error(-errno, "fdatasync of the store: %s", strerror(errno));
         res->sync_ns = now_ns() - s0;
     }
-    for (uint32_t i = 0; b.first && b.last && i < n; i++)
+    for (uint32_t i = 0; b.first && b.last && i < n; i++) {
         lat_ns[i] = b.last[i] > b.first[i] ? b.last[i] - b.first[i] : 0;
+        start_ns[i] = b.first[i] > t0 ? b.first[i] - t0 : 0;
+    }
     res->bytes = b.bytes;
     res->entries = rc ? 0 : n;
     if (!rc) {

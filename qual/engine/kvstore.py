@@ -19,13 +19,15 @@ from qual.errors import InvalidJob
 
 @dataclass(frozen=True)
 class KvBatch:
-    """What one batch of entries took: bytes moved, every entry's latency (seconds, in the
-    order given), the batch's I/O time and, for writes, its fdatasync."""
+    """What one batch of entries took: bytes moved, every entry's latency and start (its first
+    piece handed over, from the batch's start; seconds, in the order given), the batch's I/O
+    time and, for writes, its fdatasync."""
 
     op: str
     backend: str
     bytes: int
     latencies: np.ndarray
+    starts: np.ndarray
     io_s: float
     sync_s: float
 
@@ -39,11 +41,14 @@ class KvStore:
     between batches. Entries are (offset, buffer) pairs, or (offset, buffer, bytes) where the
     entry is longer than its buffer and the buffer repeats (a whole number of block_size);
     offsets, lengths and buffers must be aligned to `align` (engine.aligned_empty gives such
-    buffers)."""
+    buffers). unique=True: writes move the store's own random bytes, not the entries' buffers,
+    each 4 KiB stamped with `stamp` (default: drawn from os.urandom) and a counter, so that no
+    two 4 KiB blocks the store writes are alike."""
 
     def __init__(self, path: str, *, block_size: int = 1 << 20, queue_depth: int = 8,
                  align: int = 4096, direct: bool = True, backend: str = "auto",
-                 command_timeout: float | None = None, faults: tuple[Fault, ...] = ()):
+                 command_timeout: float | None = None, faults: tuple[Fault, ...] = (),
+                 unique: bool = False, stamp: int | None = None):
         if backend not in BACKENDS:
             raise InvalidJob(errno_mod.EINVAL, f"backend {backend!r} is not one of "
                              f"{', '.join(BACKENDS)}")
@@ -56,6 +61,8 @@ class KvStore:
         if faults:
             fill_faults(self._faults, faults)
         o.faults, o.nfaults = self._faults, len(faults)
+        o.unique = int(unique)
+        o.stamp = int.from_bytes(os.urandom(8), "little") if stamp is None else stamp
         out = ffi.new("struct qual_kv **")
         check(lib.qual_kv_open(os.fsencode(path), o, out), op="open", target=path)
         self._kv = ffi.gc(out[0], lib.qual_kv_close)
@@ -82,12 +89,15 @@ class KvStore:
             c.offset, c.buf, c.buf_len = offset, ffi.cast("void *", view), len(view)
             c.len = length[0] if length else len(view)
         lat = np.zeros(max(1, n), dtype=np.uint64)
+        start = np.zeros(max(1, n), dtype=np.uint64)
         res = ffi.new("struct qual_kv_result *")
         check(lib.qual_kv_run(self._kv, OP_CODE[op], cent, n,
-                              ffi.cast("uint64_t *", ffi.from_buffer(lat)), self.ctl, res),
+                              ffi.cast("uint64_t *", ffi.from_buffer(lat)),
+                              ffi.cast("uint64_t *", ffi.from_buffer(start)), self.ctl, res),
               op=op, target=self.path)
         return KvBatch(op=op, backend=self.backend, bytes=int(res.bytes),
-                       latencies=lat[:n] / 1e9, io_s=res.io_ns / 1e9, sync_s=res.sync_ns / 1e9)
+                       latencies=lat[:n] / 1e9, starts=start[:n] / 1e9, io_s=res.io_ns / 1e9,
+                       sync_s=res.sync_ns / 1e9)
 
     def close(self) -> None:
         if self._kv is not None:

@@ -12,8 +12,8 @@ from qual import units
 from qual.family import Family, Flags, Rates, SuiteTest, Work, declares
 from qual.targets import Target
 from qual.workloads.kvcache.results import ClosedOutcome, KvCacheOutcome
-from qual.workloads.kvcache.spec import (FIELDS, METRICS, MODELS, NAME, cells, check_table,
-                                         drive_bytes, option_table, prefix_bytes,
+from qual.workloads.kvcache.spec import (CLOSED, FIELDS, LOCKED, METRICS, MODELS, NAME, cells,
+                                         check_table, drive_bytes, option_table, prefix_bytes,
                                          templates, turn_entries)
 from qual.workloads.kvcache import clients, workload
 
@@ -77,7 +77,29 @@ def explain(table: dict) -> tuple[dict, list[str]]:
                         "are served"))
         doc.update(clients=table["clients"], trials=table["trials"], store_bytes=store,
                    serving_s=seconds, mlperf_option=table["mlperf_option"])
+    locked, changed = _settings(table)
+    doc.update(settings=dict(table), locked=locked, changed=changed)
+    if locked:
+        lines.append("the option locks: " + ", ".join(f"{k} {v}" for k, v in locked.items()))
+    lines.append("changed from " + ("the option's" if locked else "the defaults") + ": "
+                 + (", ".join(f"{k} {v}" for k, v in changed.items()) or "nothing"))
     return doc, lines
+
+
+def _settings(table: dict) -> tuple[dict, dict]:
+    """(what an MLPerf option locks, at its values; every setting that differs from the
+    option's, or without an option from the defaults): what the plan says and its JSON
+    carries, so that a run's settings can be read before it starts."""
+    from qual.thresholds import family_table  # noqa: PLC0415 (the profile parser is the core's)
+
+    option = table["mlperf_option"]
+    given = {**option_table({"mlperf_option": option}), "mlperf_option": option} \
+        if option else {}
+    base = family_table(FAMILY, given)
+    locked = {**{k: table[k] for k in LOCKED}, "seed": CLOSED["seed"],
+              "duration": CLOSED["duration"]} if option else {}
+    changed = {k: v for k, v in table.items() if v != base[k]}
+    return locked, changed
 
 
 def _plan(table: dict, test: str, _param, rates: Rates) -> list[Work]:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qual.workloads.kvcache.spec import (CONTINUE, DECODE_BATCH, MAX_TURNS, PREFILL_ONLY,
-                                         QOS_SHARES, SYSTEM_PROMPT_SHARE,
-                                         SYSTEM_PROMPT_TOKENS, TEMPLATES, templates)
+from qual.workloads.kvcache.spec import (CONTINUE, DECODE_BATCH, MAX_TURNS, MODELS,
+                                         PREFILL_ONLY, QOS_SHARES, SYSTEM_PROMPT_SHARE,
+                                         SYSTEM_PROMPT_TOKENS, TEMPLATES, entry_bytes, templates)
 
 _USER, _TURNS = 1, 2  # the streams' names in their seeds
 
@@ -72,3 +72,11 @@ def conversation(user: Profile, seed: int, number: int, conversation: int) -> li
         reads = 0 if context >= PREFILL_ONLY else 1 + math.ceil(generated / DECODE_BATCH)
         turns.append(Turn(max(1, context - prompt), generated, pause, reads, prompt))
     return turns
+
+
+def held_at_once(table: dict, seed: int) -> int:
+    """The bytes the store must hold while every user has a request in flight: each user's
+    largest entry (its whole context), as this seed draws the users. A store smaller than this
+    overwrites entries before their own decode reads them."""
+    bpt = MODELS[table["model"]].bytes_per_token
+    return sum(entry_bytes(profile(table, seed, u).context, bpt) for u in range(table["users"]))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qual import engine, honesty
-from qual.errors import TargetUnavailable
+from qual.errors import Refused, TargetUnavailable
 from qual.targets import Target
 from qual.targets.scratch import fsync_dir, own_folder, remove_made
 from qual.units import format_size
@@ -179,7 +179,7 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
     if table["gpu_mem"] and not _cuda():
         raise TargetUnavailable(19, "a GPU tier needs CUDA, and this host has none: gpu_mem "
                                 "must be 0", target=target.spec)
-    table = settled(target, table)
+    table = settled(target, table, seed)
     if target.kind == "block":  # the store is the device's first bytes: the guard first
         most = table["max_users"] if table["mode"] != "fixed" else table["users"]
         target.ensure_writable(table["store_size"] or drive_bytes(table, most))
@@ -209,11 +209,13 @@ def run(target: Target, table: dict, *, seed: int = 1, progress=None) -> dict:
     return {**result, "mode": table["mode"], **chosen, "trials": trials}
 
 
-def settled(target: Target, table: dict) -> dict:
+def settled(target: Target, table: dict, seed: int) -> dict:
     """The table with the reference draw's store settled before any I/O: store_size 0 is
     FREE_SHARE of what the target offers (the room free beside a file target, a device's
     size), shared among the clients, as the reference takes 95 % of its folder's free room;
-    refused where that cannot hold the draw's largest entry."""
+    refused where that cannot hold the draw's largest entry, and where it cannot hold one
+    entry of every user at once (client c's users are seed + c's draw) unless accept_misses
+    (then `store_short` says both figures, for the run's CAVEAT)."""
     if table["draw"] != "reference":
         return table
     size = table["store_size"] or \
@@ -225,7 +227,18 @@ def settled(target: Target, table: dict) -> dict:
                                 f"client(s) has a store of {format_size(size)} (95 % of "
                                 f"{format_size(target.capacity)} offered): give a larger "
                                 "target, or lower the templates' context", target=target.spec)
-    return {**table, "store_size": size}
+    held = max(draw.held_at_once(table, seed + c) for c in range(table["clients"]))
+    short = None
+    if size < held:
+        short = (f"the store of {format_size(size)} cannot hold what the {table['users']} users "
+                 f"keep in flight at once ({format_size(held)}: each user's largest entry, as "
+                 "the draw has them): the ring overwrites entries before decode reads them, and "
+                 "the figures are of reads that did not happen")
+        if not table["accept_misses"]:
+            raise Refused(errno.ENOSPC, f"{short}. Give a target with more room (store_size), "
+                          "fewer users or smaller templates' contexts, or --accept-misses to "
+                          "run anyway with a CAVEAT", target=target.spec)
+    return {**table, "store_size": size, "store_short": short}
 
 
 def search_qos(held, start: int, step: int, most: int) -> tuple[int, int | None]:
@@ -301,8 +314,7 @@ def _serve(target: Target, table: dict, store: str, seed: int, progress) -> dict
     """One run through the engine's KV store at `store`, its bytes checked against the
     device's counters (device truth: a read the page cache served is an error)."""
     before = target.device_stat()
-    with engine.KvStore(store, block_size=table["block_size"],
-                        queue_depth=table["queue_depth"], backend=table["backend"]) as kv:
+    with open_store(store, table) as kv:
         r = serve(table, kv, seed=seed, progress=progress)
     seen = honesty.between(before, target.device_stat())
     return {**r, "store": store, "store_bytes": table["store_size"] or drive_bytes(table),
@@ -313,6 +325,13 @@ def _serve(target: Target, table: dict, store: str, seed: int, progress) -> dict
                                                "back", store) if r["read"] else {}}
 
 
+def open_store(path: str, table: dict) -> engine.KvStore:
+    """The engine's store for a run: O_DIRECT, its writes unique in every 4 KiB (a drive that
+    compresses or deduplicates must still store every byte the run says it wrote)."""
+    return engine.KvStore(path, block_size=table["block_size"], queue_depth=table["queue_depth"],
+                          backend=table["backend"], unique=True)
+
+
 def _prefix(r: Request, prefixes: int) -> tuple:
     """The shared prefix (system prompt) a user's conversations begin with."""
     return ("prefix", r.user % prefixes)
@@ -320,7 +339,7 @@ def _prefix(r: Request, prefixes: int) -> tuple:
 
 def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     """The server's loop over a store `kv` (write(entries) and read(entries) of (offset,
-    buffer) pairs, each returning bytes, elapsed, latencies and sync_s; its backend): the
+    buffer) pairs, each returning bytes, elapsed, latencies, starts and sync_s; its backend): the
     engine's KvStore, or a peer a benchmark measures against it with the same requests."""
     model = MODELS[table["model"]]
     bpt = model.bytes_per_token
@@ -348,7 +367,7 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
     # the reference's users pause before each request, the first too
     ready_at = [c[0].pause if reference else 0.0 for c in convs]
     written = read = tokens = misses = 0
-    storage_s = 0.0
+    storage_s = request_io_s = 0.0
     hits = {**dict.fromkeys(tiers.held, 0), "drive": 0}
     tally = Tally(list(QOS) if reference else table["classes"], seed)
     total = users * table["requests"]  # a request-bound run's, for progress
@@ -368,16 +387,20 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
         return ([_prefix(r, prefixes)] if prefixes else []) + past
 
     def moved(op: str, entries: list, owner: list[Request]) -> int:
-        """One batch of entries through the store: its time counts as storage time, and each
-        request's slowest entry (a write batch's fdatasync with it) is its write_s or read_s.
-        Returns the bytes moved."""
+        """One batch of entries through the store: its time counts as storage time; each
+        request's span in it, from its first entry's first piece to its last entry's last
+        (a write batch's fdatasync with it), adds to its write_s or read_s; each entry's own
+        time (its fdatasync with it) is an entry latency. Returns the bytes moved."""
         nonlocal storage_s
         got = kv.write(entries) if op == "write" else kv.read(entries)
         storage_s += got.elapsed
-        for r, lat in zip(owner, got.latencies):
-            took = float(lat) + got.sync_s
-            setattr(r, f"{op}_s", max(getattr(r, f"{op}_s") or 0.0, took))
-            tally.entry(op, took)
+        spans: dict[int, tuple[Request, float, float]] = {}
+        for r, lat, start in zip(owner, got.latencies, got.starts):
+            tally.entry(op, float(lat) + got.sync_s)
+            _, first, last = spans.get(id(r), (r, float(start), 0.0))
+            spans[id(r)] = (r, min(first, float(start)), max(last, float(start + lat)))
+        for r, first, last in spans.values():
+            setattr(r, f"{op}_s", (getattr(r, f"{op}_s") or 0.0) + last - first + got.sync_s)
         return got.bytes
 
     def serve_group(group: list[Request]) -> tuple[int, int]:
@@ -440,6 +463,7 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
             r.done = end
             next_turn[r.user] += 1
             tokens += r.generated
+            request_io_s += (r.write_s or 0.0) + (r.read_s or 0.0)
             tally.add(r)
             if duration and next_turn[r.user] == len(convs[r.user]):
                 # the conversation is over: the user's next one takes its room (the ring's
@@ -454,15 +478,30 @@ def serve(table: dict, kv, *, seed: int = 1, progress=None) -> dict:
             done = min(1.0, end / duration) if duration else tally.served / total
             progress(f"{users} users: {tally.served} requests served", done)
     wall = time.monotonic() - t0
+    wanted = misses + sum(hits.values())
     return {"model": model.name, "bytes_per_token": bpt, "backend": kv.backend, "users": users,
-            "draw": table["draw"], "wall_s": wall, "storage_s": storage_s, "written": written,
-            "read": read, "hits": hits, "misses": misses, "tokens": tokens, "tokens_per_s": tokens / wall,
-            "storage_tokens_per_s": tokens / storage_s if storage_s else 0.0,
+            "draw": table["draw"], "wall_s": wall, "storage_s": storage_s,
+            "request_io_s": request_io_s, "written": written, "read": read, "hits": hits,
+            "misses": misses, "overwritten_share": misses / wanted if wanted else 0.0,
+            "tokens": tokens, **scored(tokens, wall, request_io_s, read, written),
+            "drive_busy_tokens_per_s": tokens / storage_s if storage_s else 0.0,
+            "served_by_class": {c: h.count for c, h in tally.e2e.items()},
+            "store_short": table.get("store_short"),
             "e2e": tally.e2e_tail(), "served": tally.served, "requests": tally.kept,
             "latency": {"write": tally.storage["write"], "read": tally.storage["read"],
                         "e2e": tally.e2e, "wait": tally.wait,
                         "entry_write": tally.entries["write"],
                         "entry_read": tally.entries["read"]}, "qos": targets(table)}
+
+
+def scored(tokens: int, wall: float, request_io_s: float, read: int, written: int) -> dict:
+    """The release's scored figures of one run, by its definitions (kv_cache/benchmark.py and
+    cache.py): tokens over the run's duration, tokens over the sum of every request's storage
+    I/O time, the drive tier's bytes over the duration."""
+    return {"tokens_per_s": tokens / wall if wall else 0.0,
+            "storage_tokens_per_s": tokens / request_io_s if request_io_s else 0.0,
+            "read_bw": read / wall if wall else 0.0,
+            "write_bw": written / wall if wall else 0.0}
 
 
 def remove(target: Target) -> None:
