@@ -385,6 +385,14 @@ def test_an_mlperf_option_with_two_clients_is_scored_as_the_release_scores_it(
     assert doc["worst_write_p95"] == max(c["entry_write_p95"] for c in every) > 0
     assert doc["storage_tokens_per_s"] == pytest.approx(
         sum(sum(c["storage_tokens_per_s"] for c in t["clients"]) for t in doc["trials"]) / 3)
+    for c in every:  # each client's, by the release's definitions
+        assert c["storage_tokens_per_s"] == pytest.approx(c["tokens"] / c["request_io_s"])
+        assert c["tokens_per_s"] == pytest.approx(c["tokens"] / c["wall_s"])
+    assert doc["tokens_per_s"] == pytest.approx(
+        sum(sum(c["tokens_per_s"] for c in t["clients"]) for t in doc["trials"]) / 3)
+    assert doc["mlperf"]["storage_throughput_tokens_per_sec"] == doc["storage_tokens_per_s"]
+    assert sum(doc["served_by_class"].values()) == sum(c["served"] for c in every)
+    assert set(doc["served_by_class"]) == set(spec.QOS)
     for t in doc["trials"]:
         assert t["read_truth"]["device_truth"] == t["write_truth"]["device_truth"] == "counted"
     assert doc["departures"][0].startswith("duration 2 s, not the option's 5 min")
