@@ -18,9 +18,8 @@ from pathlib import Path
 
 from qual import (command, engine, first_page, flags, record, report, shipped, store,
                   thresholds, units, watchdog)
-from qual.exits import Exit, help_text
-from qual.engine import InvalidJob, QualError
-from qual.errors import NotApplicable, Refused
+from qual.exits import Exit, ExitHelp, help_text
+from qual.errors import InvalidJob, NotApplicable, QualError, Refused
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.record import LAST_RECORD, RECORD_NAME
 from qual.targets import Target
@@ -100,9 +99,12 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
 
     io = sub.add_parser("io", help="run one I/O job (fio-like flags)",
                         description="Run one I/O job on a target and print what it measured, "
-                                    "as fio does. Exit 0: done; 1: the target or the drive "
-                                    "failed (an I/O error, a stall); 2: a bad flag or job, "
-                                    "before any I/O; 130: interrupted.")
+                                    "as fio does.",
+                        epilog=help_text((Exit.PASS, "done"), (Exit.FAIL, "the target or the "
+                                         "drive failed (an I/O error, a stall)"),
+                                         (Exit.USAGE, "a bad flag or job, before any I/O"),
+                                         Exit.INTERRUPTED),
+                        formatter_class=ExitHelp)
     io.add_argument("--target", default=None,
                     help="file, directory or block device (default: .qual/target.dat)")
     io.add_argument("--rw", choices=list(RW), default="randread",
@@ -172,8 +174,11 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
                                     "each criterion that needs a decision, the caveats), and "
                                     "DIR/allure/index.html, the Allure 3 report of the tests; "
                                     "both single files that open from disk. Then apply "
-                                    "allurerc.mjs's quality gate. Exit 0: built and the gate holds; 1: the "
-                                    "gate failed; 2: nothing to report or no Allure 3 CLI.")
+                                    "allurerc.mjs's quality gate.",
+                        epilog=help_text((Exit.PASS, "built, and the gate holds"),
+                                         (Exit.FAIL, "the gate failed"),
+                                         (Exit.USAGE, "nothing to report, or no Allure 3 CLI")),
+                        formatter_class=ExitHelp)
     rp.add_argument("results", nargs="*", help="qual results folders (qual-results/) or "
                                                "allure-results folders")
     rp.add_argument("--population", action="store_true",
@@ -202,12 +207,16 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
                                      "measurement of the BASELINE runs (their repetitions "
                                      "pooled), against the profile's tolerance: regressed only "
                                      "when the change's 95 % interval lies wholly beyond it. "
-                                     "Exit 0: all within tolerance; 1: a regression; 2: refused "
-                                     "or unreadable; 3: no regression, but a metric improved "
-                                     "beyond its tolerance (refresh the baseline); 5: no "
-                                     "regression, but the noise is larger than the question "
-                                     "for a metric (inconclusive: repeat it). The same run on "
-                                     "both sides is identical: exit 0.")
+                                     "The same run on both sides (the same run id and the same "
+                                     "measurements) is identical: exit 0.",
+                         epilog=help_text(
+                             (Exit.PASS, "all within tolerance, or identical"),
+                             (Exit.FAIL, "a regression"), (Exit.USAGE, "refused or unreadable"),
+                             (Exit.IMPROVED, "no regression, but a metric improved beyond its "
+                                             "tolerance (refresh the baseline)"),
+                             (Exit.INCONCLUSIVE, "no regression, but the noise is larger than "
+                                                 "the question for a metric: repeat it")),
+                         formatter_class=ExitHelp)
     cmp.add_argument("records", nargs="+", metavar="BASELINE... NEW",
                      help="the previous run records (qual-run.json files, or folders of "
                           "them: runs of the old firmware), then the run record to judge (or a "
@@ -240,10 +249,14 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
                                      "from the store. Per judged figure: the drives' median, MAD "
                                      "and spread (coefficient of variation), and each drive's "
                                      "robust z-score, judged by the profile's [population] "
-                                     "table. Exit 0: ACCEPT; 1: REJECT (a drive failed, an "
-                                     "outlier, a spread too wide); 2: bad options or no store; "
-                                     "6: INCOMPLETE (too few drives, or a run that decided "
-                                     "nothing).")
+                                     "table.",
+                         epilog=help_text(
+                             (Exit.PASS, "ACCEPT"),
+                             (Exit.FAIL, "REJECT: a drive failed, an outlier, a spread too wide"),
+                             (Exit.USAGE, "bad options, or no store"),
+                             (Exit.INCOMPLETE, "INCOMPLETE: too few drives, or a run that "
+                                               "decided nothing")),
+                         formatter_class=ExitHelp)
     _add_model(acc)
     acc.add_argument("--firmware", required=True, help="the firmware revision")
     acc.add_argument("--profile", required=True, help="profile name or .toml path: its "
@@ -255,8 +268,10 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
                                           "versions and time (from the store)",
                           description="Per figure and firmware: runs, drives, the median, the "
                                       "first and last run; and a PNG chart per figure (a point "
-                                      "per drive and run, each firmware's median line). Exit 0; "
-                                      "2: bad options, no store, or no run of the model.")
+                                      "per drive and run, each firmware's median line).",
+                          epilog=help_text((Exit.PASS, "shown"), (Exit.USAGE, "bad options, "
+                                           "no store, or no run of the model")),
+                          formatter_class=ExitHelp)
     _add_model(hist)
     hist.add_argument("--metric", default=None, help="one metric (e.g. seq_read_bw; default all)")
     hist.add_argument("--profile", default=None, help="only runs of this profile name")
@@ -267,9 +282,11 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
 
     st = sub.add_parser("store", help="the results store: import run records, say where it is",
                         description="Every qual run stores each drive's record in the results "
-                                    "store as it ends (docs/store.md). Exit 0: done; 1: the "
-                                    "store cannot be opened; 2: a record was refused (the rest "
-                                    "were stored).")
+                                    "store as it ends (docs/store.md).",
+                        epilog=help_text((Exit.PASS, "done"), (Exit.FAIL, "the store cannot "
+                                         "be opened"), (Exit.USAGE, "a record was refused (the "
+                                         "rest were stored)")),
+                        formatter_class=ExitHelp)
     st_sub = st.add_subparsers(dest="store_command", metavar="{import,info}", required=True)
     imp = st_sub.add_parser("import", help="store run records (files, or folders searched for "
                                            "qual-run.json); one stored before is not stored again")
@@ -283,9 +300,12 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
                           description="Without NAME: the shipped profiles, a line each. With "
                                       "NAME (a shipped name or a .toml path): its settings, its "
                                       "families and every criterion (bound, unit, severity, "
-                                      "tolerance, source, where it is written). Exit 0; 1: "
-                                      "--check found a bound no drive of the class can meet; "
-                                      "4: the profile is invalid.")
+                                      "tolerance, source, where it is written).",
+                          epilog=help_text((Exit.PASS, "shown, or every bound can be met"),
+                                           (Exit.FAIL, "--check found a bound no drive of the "
+                                                       "class can meet"),
+                                           (Exit.REFUSED, "the profile is invalid")),
+                          formatter_class=ExitHelp)
     prof.add_argument("name", nargs="?", default=None, metavar="NAME",
                       help="the profile to show (default: list them all)")
     prof.add_argument("--json", action="store_true",
@@ -301,8 +321,11 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
                            description="Remove what qual provably made and a killed run left: "
                                        "its scratch file and lock in a folder, its own "
                                        "filesystem on a block device (by its label); never "
-                                       "anything else. Exit 0: removed, or nothing of qual's "
-                                       "there; 1: the target cannot be read; 2: a bad argument.")
+                                       "anything else.",
+                           epilog=help_text((Exit.PASS, "removed, or nothing of qual's "
+                                            "there"), (Exit.FAIL, "the target cannot be read"),
+                                            (Exit.USAGE, "a bad argument")),
+                           formatter_class=ExitHelp)
     clean.add_argument("target", nargs="?", default=None, metavar="TARGET",
                        help="the file, folder or block device a run was given (default: the "
                             "default target, .qual/target.dat)")
@@ -612,9 +635,12 @@ def cmd_compare(args) -> int:
         tolerance = units.parse_quantity(args.tolerance, "ratio") if args.tolerance else None
     except (ValueError, units.UnitError, store.StoreError) as e:
         return fail(str(e))
-    # a run is never its own baseline: the same run on both sides is identical, not a question
-    judged = {record.run_id_of(n) for n in news}
-    olds = [o for o in olds if record.run_id_of(o) not in judged]
+    # a run is never its own baseline: the same run on both sides is identical, not a
+    # question. The same run id with other measurements (a copy someone changed, a stopped
+    # run against its resumed one) is compared like any other run.
+    judged = {record.run_id_of(n): record.comparable_measurements(n) for n in news}
+    olds = [o for o in olds
+            if judged.get(record.run_id_of(o)) != record.comparable_measurements(o)]
     if not olds:
         said = f"identical: {args.new} is the baseline run itself; there is nothing to compare"
         print(json.dumps({"baseline": args.baseline, "new": args.new, "identical": True,

@@ -11,7 +11,7 @@ import uuid
 
 from qual import engine, store, units, watchdog
 from qual.family import Family
-from qual.exits import Exit
+from qual.exits import Exit, ExitHelp, help_text, of_verdicts
 from qual.judge import judge
 from qual.record import RunRecord, TestResult, rig_label, summarize
 from qual.targets import DEFAULT_TARGET, Target
@@ -68,12 +68,16 @@ def add_parser(sub, family: Family) -> None:
     p = sub.add_parser(family.subcommand, help=family.description,
                        description=f"Run the {family.name} family ({family.description}) on a "
                                    "target and print what it measured; with --profile, judge it "
-                                   "and store the run (docs/store.md). Exit 0: done (with "
-                                   "--profile: every criterion met); 1: a criterion failed or "
-                                   "the drive failed an I/O; 2: a bad flag, before any I/O; 4: not "
-                                   "applicable to this target, said before any I/O; 5: "
-                                   "INCONCLUSIVE; 6: INCOMPLETE (a criterion not judged); 130: "
-                                   "interrupted.")
+                                   "and store the run (docs/store.md).",
+                       epilog=help_text(
+                           (Exit.PASS, "done (with --profile: every criterion met)"),
+                           (Exit.FAIL, "a criterion failed, or the drive failed an I/O"),
+                           (Exit.USAGE, "a bad flag, before any I/O"),
+                           (Exit.REFUSED, "refused, or not applicable to this target: said "
+                                          "before any I/O"),
+                           Exit.INCONCLUSIVE, (Exit.INCOMPLETE, "INCOMPLETE: a criterion not "
+                                                                "judged"), Exit.INTERRUPTED),
+                       formatter_class=ExitHelp)
     p.set_defaults(family=family)
     p.add_argument("--target", default=None,
                    help="file, directory or block device (default: under .qual/)")
@@ -280,17 +284,18 @@ def run(args, families: dict[str, Family]) -> int:
     if verdict:
         print(f"qual {name}: " + store.store_record(record, args.store), file=sys.stderr)
         verdict.raise_unresolved(target.spec)
-        if verdict.failing:
+        code = of_verdicts({record["summary"]["verdict"]})
+        if code == Exit.FAIL:
             print(f"qual {name}: {len(verdict.failing)} of {verdict.checks} checks failed "
                   f"against profile {profile.name}", file=sys.stderr)
-            return Exit.FAIL
-        if verdict.unverified:
+        elif code == Exit.INCOMPLETE:
+            why = verdict.unverified[0] if verdict.unverified else \
+                ", ".join(record["summary"].get("not_judged", ())) + " not measured"
             print(f"qual {name}: INCOMPLETE: {len(verdict.unverified)} criteria of profile "
-                  f"{profile.name} not judged without proof: {verdict.unverified[0]}",
-                  file=sys.stderr)
-            return Exit.INCOMPLETE
-        unsure = [v.line() for v in verdict.verdicts if v.inconclusive]
-        if unsure:
-            print(f"qual {name}: INCONCLUSIVE: {unsure[0]}", file=sys.stderr)
-            return Exit.INCONCLUSIVE
+                  f"{profile.name} not judged without proof: {why}", file=sys.stderr)
+        elif code == Exit.INCONCLUSIVE:
+            unsure = [v.line() for v in verdict.verdicts if v.inconclusive]
+            print(f"qual {name}: INCONCLUSIVE: {unsure[0] if unsure else ''}", file=sys.stderr)
+        if code != Exit.PASS:
+            return code
     return outcome.exit_status()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import enum
 
 
@@ -38,6 +39,35 @@ MEANINGS = {
 }
 
 
-def help_text(*codes: Exit) -> str:
-    """`exit status:` and a line per code, for a command's --help."""
-    return "exit status:\n" + "\n".join(f"  {int(c)}  {c.meaning}" for c in codes)
+def of_verdicts(verdicts) -> Exit:
+    """The exit status of one or more runs' verdicts (qual.record.summarize's), the worst
+    first: FAIL or ERROR, then INCOMPLETE, then INCONCLUSIVE, else PASS. Every command that
+    judges turns its verdicts into its status here."""
+    said = set(verdicts)
+    if said & {"FAIL", "ERROR"}:
+        return Exit.FAIL
+    if "INCOMPLETE" in said:
+        return Exit.INCOMPLETE
+    if "INCONCLUSIVE" in said:
+        return Exit.INCONCLUSIVE
+    return Exit.PASS
+
+
+def help_text(*codes: Exit | tuple[Exit, str]) -> str:
+    """`exit status:` and a line per code, for a command's --help: a code alone says its
+    meaning from the table; (code, words) says what it means for that command."""
+    lines = []
+    for c in codes:
+        code, said = c if isinstance(c, tuple) else (c, c.meaning)
+        lines.append(f"  {int(code)}  {said}")
+    return "exit status:\n" + "\n".join(lines)
+
+
+class ExitHelp(argparse.HelpFormatter):
+    """A command's help: its description wrapped as usual, its `exit status:` epilog (help_text)
+    kept a line per code."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("exit status:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)

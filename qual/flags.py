@@ -1,5 +1,5 @@
 """A family's command-line flags, generated from the fields of its profile table
-(docs/ARCHITECTURE.md, "How a family plugs in"): one flag per field, named after it (or its
+(docs/ARCHITECTURE.md §2, `qual/flags.py`): one flag per field, named after it (or its
 `flag`), with the spellings users already type as aliases, the field's help, unit, choices and
 default in its help line; a bool field's flag alone means yes, and --no-NAME means no. A flag
 not given stays out of the table, so a profile's value holds."""

@@ -90,8 +90,8 @@ SAID = ("backend", "device_truth", "attention")
 @dataclass
 class Measurement:
     """One measured value in base units, with what produced it and its raw samples; what the
-    judge reads besides the value is typed (docs/ARCHITECTURE.md, "What the core asks a
-    family"): `caveats` said beside any verdict on it, `interval` the value's confidence
+    judge reads besides the value is typed (docs/ARCHITECTURE.md §5, "Thresholds, verdicts,
+    records"): `caveats` said beside any verdict on it, `interval` the value's confidence
     interval drawn from `spread_from` values (repetitions, validation batches; 0: it claims
     none, 1: one value, its spread unknown), `ceiling` the most the measuring setup itself can
     show (a criterion above it cannot judge the drive), `unverifiable` why no profile may judge

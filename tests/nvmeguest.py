@@ -478,13 +478,23 @@ class Guest:
         self.qmp.execute("device_del", id=f"ctrl{drive}")
         self.qmp.wait_event("DEVICE_DELETED", timeout, device=f"ctrl{drive}")
 
-    def plug(self, drive: int) -> None:
+    def plug(self, drive: int, timeout: float = 60) -> None:
         """A pulled single-namespace controller back in its slot, over the same node (the same
-        serial and bytes): the guest's hotplug finds it."""
+        serial and bytes): the guest's hotplug finds it. QEMU may hold the pulled one's ID a
+        while after its DEVICE_DELETED (a loaded host once refused the plug with `Duplicate
+        device ID`): the plug is asked again until it takes, bounded."""
         d = self.drives[drive]
-        self.qmp.execute("device_add", driver="nvme", id=f"ctrl{drive}", serial=d.serial,
-                         bus=f"port{drive}", drive=f"drive{drive}n1", logical_block_size=d.lba,
-                         physical_block_size=d.lba)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.qmp.execute("device_add", driver="nvme", id=f"ctrl{drive}",
+                                 serial=d.serial, bus=f"port{drive}", drive=f"drive{drive}n1",
+                                 logical_block_size=d.lba, physical_block_size=d.lba)
+                return
+            except QmpError as e:
+                if "Duplicate device ID" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def throttle(self, drive: int, bps: int) -> None:
         """The first namespace's throttle (a Drive made with one) set to `bps` bytes a second."""

@@ -20,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
+from qual import watchdog
+
 START_S = 60  # the most a start or stop may take
 
 
@@ -162,18 +164,11 @@ def remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-PR_SET_PDEATHSIG = 1
-
-
 def _become_dying_with_parent(user: pwd.struct_passwd, parent: int) -> None:
     """In the server's child, before exec: the postgres user's (PostgreSQL refuses root), then
-    SIGKILL when the tests end however they end. The parent-death signal is set after the
-    user changes, since a change of user clears it."""
-    import ctypes
-
+    SIGKILL when the tests end however they end (qual's own watchdog.bind_to_parent). The
+    parent-death signal is set after the user changes, since a change of user clears it."""
     os.setgroups([])
     os.setgid(user.pw_gid)
     os.setuid(user.pw_uid)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
+    watchdog.bind_to_parent(parent)

@@ -101,6 +101,50 @@ def test_a_tight_population_s_noise_is_no_outlier(store_url, tmp_path):
         [["S4"]]
 
 
+def test_the_robust_z_is_scaled_to_a_standard_deviation(store_url, tmp_path):
+    """z = 0.6745 (x - median) / MAD: five drives, one 0.4 GB/s above the median of 5.0 with a
+    MAD of 0.1: its z is 2.70, inside the bound of 3.5, and the model is accepted (unscaled,
+    it would read 4.0, an outlier)."""
+    drives = {"S1": 5.00e9, "S2": 5.10e9, "S3": 4.90e9, "S4": 5.00e9, "S5": 5.40e9}
+    store_drives(store_url, {s: (v,) * 3 for s, v in drives.items()})
+    code, doc = accept(store_url, tmp_path, profile(tmp_path, "min_drives = 5"))
+    (seq,) = [f for f in doc["figures"] if f["id"] == SEQ]
+    assert (seq["median"], seq["mad"]) == (5.0e9, pytest.approx(0.1e9))
+    assert seq["z"]["S5"] == pytest.approx(0.6745 * 4) and seq["z"]["S3"] == pytest.approx(
+        -0.6745)
+    assert seq["outliers"] == [] and (code, doc["answer"]) == (Exit.PASS, "ACCEPT")
+
+
+def test_history_s_median_of_a_firmware_is_the_median_of_its_runs(store_url, tmp_path):
+    """Three runs of one firmware at 5.0, 4.0 and 1.0 GB/s, stored in that order: the median
+    is 4.0 (their mean is 3.33, the first 5.0)."""
+    store_drives(store_url, {"S1": (5.0e9,) * 3, "S2": (4.0e9,) * 3, "S3": (1.0e9,) * 3},
+                 firmware="3.0")
+    proc = qual("history", "--store", store_url, "--model", MODEL, "--metric", "seq_read_bw",
+                "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)["figures"]
+    assert (row["firmware"], row["runs"], row["median"]) == ("3.0", 3, 4.0e9)
+
+
+def test_the_strip_plot_names_the_outlier_and_only_it():
+    """The population page's strip plot labels each outlier with its serial and z, and no
+    other drive; its alt text says the outlier too."""
+    from qual.accept import Figure
+    from qual.charts import pyplot
+    from qual.population_page import _plot_text, strip_figure
+
+    f = Figure(SEQ, "B/s", {"S1": 5.0e9, "S2": 5.1e9, "S3": 3.0e9}, 0.1, median=5.0e9,
+               mad=0.1e9, z={"S1": 0.0, "S2": 0.67, "S3": -13.5}, outliers=["S3"])
+    fig = strip_figure(f)
+    try:
+        labels = [t.get_text() for t in fig.axes[0].texts]
+    finally:
+        pyplot().close(fig)
+    assert labels == ["S3 (z -13.5)"]
+    assert _plot_text(f) == f"{SEQ}: the drives' values; outlier S3"
+
+
 def test_a_spread_beyond_its_bound_rejects(store_url, tmp_path):
     store_drives(store_url, SIBLINGS)
     rules = f'min_drives = 4\nspreads = {{ "{SEQ}" = "0.1 %" }}'
@@ -181,6 +225,9 @@ def test_the_population_report_opens_from_disk_verdict_first(store_url, tmp_path
                                       "i.naturalWidth > 100)")
         marked = chrome.evaluate(page, "[...document.querySelectorAll('tr.bad td:first-child')]"
                                        ".map(td => td.innerText)")
+        outliers = chrome.evaluate(page, "[...document.querySelectorAll('table')].pop()"
+                                         ".querySelector('tbody tr td:last-child').innerText")
+        alts = chrome.evaluate(page, "[...document.images].map(i => i.alt)")
     finally:
         chrome.close()
     lines = [x for x in shown.splitlines() if x.strip()]
@@ -188,3 +235,5 @@ def test_the_population_report_opens_from_disk_verdict_first(store_url, tmp_path
     assert f"drive S3 is an outlier on {SEQ}" in shown
     assert drawn == [True, True]  # a strip plot per judged figure (read, latency)
     assert marked == ["S3", SEQ]  # the outlying drive, and the figure it is outlying on
+    assert outliers == "S3"  # the figures table names it
+    assert alts[0] == f"{SEQ}: the drives' values; outlier S3"

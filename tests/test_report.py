@@ -212,6 +212,14 @@ def test_the_same_run_on_both_sides_is_identical_not_a_question(tiny_run, tmp_pa
     assert proc.stdout.startswith(f"identical: {old} is the baseline run itself")
     doc = json.loads(qual("compare", str(old), str(old), "--json").stdout)
     assert doc["identical"] is True and doc["metrics"] == []
+    # the same run id with other measurements (a copy with its reads cut by 40 %, as a
+    # stopped run's record against its resumed one differs) is compared, not "identical"
+    changed = planted(record, "seq_read_bw", 0.6, tmp_path / "changed.json")
+    doc = json.loads(changed.read_text())
+    doc["run_id"] = record["run_id"]
+    changed.write_text(json.dumps(doc))
+    proc = qual("compare", str(old), str(changed), "--tolerance", "5%")
+    assert proc.returncode == 1 and not proc.stdout.startswith("identical"), proc.stdout
     # among other runs of the baseline, the judged run is left out of it, not pooled with itself
     folder = tmp_path / "old-firmware"
     (folder / "a").mkdir(parents=True)

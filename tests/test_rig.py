@@ -413,11 +413,11 @@ def test_a_run_killed_at_any_point_resumes_to_the_same_tests_and_verdict(tmp_pat
         assert not (results / "qual-journal.json").exists()  # finished: the record stands
 
 
-@pytest.mark.slow
-def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
+def _killed_after_first_test(tmp_path, *args: str) -> Path:
+    """`qual run ARGS` killed (SIGKILL) once its journal holds a finished test: its results
+    folder."""
     results = tmp_path / "qual-results"
-    proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "run", "--profile",
-                             str(TINY_ALL), "-k", "training"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "qual.cli", "run", *args], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while _journaled(results) < 1:
@@ -425,6 +425,12 @@ def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
         time.sleep(0.02)
     proc.kill()
     proc.wait()
+    return results
+
+
+@pytest.mark.slow
+def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
+    results = _killed_after_first_test(tmp_path, "--profile", str(TINY_ALL), "-k", "training")
     other = qual("run", "--resume", str(results), "--profile", str(TINY_PROFILE), cwd=tmp_path)
     assert other.returncode == 4 and "profile name: the journal's is tiny-all, this run's tiny" \
         in other.stdout + other.stderr, other.stdout[-2000:] + other.stderr
@@ -434,6 +440,34 @@ def test_resume_refuses_another_profile_and_a_finished_run(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     again = qual("run", "--resume", str(results), cwd=tmp_path)
     assert again.returncode == 4 and "nothing to resume" in again.stderr
+
+
+@needs_root
+def test_resume_refuses_another_drive_in_the_same_slot(tmp_path, ram_device):
+    """A run killed after its first test on a drive; another drive (another serial) then
+    answers at the same device name, as when a slot's drive is swapped: --resume is refused
+    (exit 4) naming both serials, and nothing is written to the new drive."""
+    dev = ram_device(64 << 20)
+    first = serial_of(dev)
+    results = _killed_after_first_test(tmp_path, "--profile", str(TINY_PROFILE), "--target", dev,
+                                       "--qual-allow-destructive", "--qual-confirm-serial", first)
+    other = Path(first).with_name(Path(first).name + "-swapped")
+    other.write_bytes(b"")
+    os.truncate(other, 64 << 20)
+    sh("losetup", "-d", dev)
+    try:
+        deadline = time.monotonic() + 30  # the name is free once udev lets the old drive go
+        while subprocess.run(["losetup", dev, str(other)], capture_output=True).returncode:
+            assert time.monotonic() < deadline, f"{dev} stayed busy"
+            time.sleep(0.1)
+        resumed = qual("run", "--resume", str(results), cwd=tmp_path)
+        said = resumed.stdout + resumed.stderr
+        assert resumed.returncode == 4, said[-3000:]
+        assert f"drive serial: the journal's is {first}, this drive's {other}" in said, said
+        assert not any(open(other, "rb").read())  # the new drive: nothing written
+    finally:
+        detach_loop(dev, other)
+        other.unlink()
 
 
 # ------------------------------------------------------------------ a rig of drives

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from qual import engine, report, store, thresholds, watchdog
-from qual.engine import QualError
+from qual.errors import QualError
 from qual.plan import Plan, Selected, make_plan
 from qual.targets.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, erase_leftover,
                                    private_mounts)
-from qual.exits import Exit
+from qual.exits import Exit, of_verdicts
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.plugin.progress import Console, Eta
 from qual.plugin.recorder import Judging, PAYLOAD, Recorder
@@ -79,8 +79,8 @@ class QualSession:
         self.results_dir = Path(opt.qual_results)
         try:  # a store named wrongly is refused before any I/O; one that is down, at the end
             store.check_url(opt.qual_store)
-        except store.StoreError as e:
-            raise pytest.UsageError(f"--qual-store: {e}") from None
+        except store.StoreError as e:  # as `qual run --store` and every command say it
+            pytest.exit(f"--qual-store: {e}", returncode=Exit.USAGE)
         self.stored: dict[str, str] = {}  # each drive's line: stored in ..., or not stored: why
         # a worker xdist started in place of one whose drive stopped answering never touches
         # that drive again (a stat of it may never return)
@@ -628,6 +628,29 @@ class QualSession:
             line = self.eta.end(nodeid, entry.duration_s)
             if self.distributed and self.config.option.verbose >= -1:
                 self.say(line)
+            elif self._own_lines():  # the test's last line: its result
+                self.say(f"  {entry.outcome} in {entry.duration_s:.1f} s")
+
+    def _own_lines(self) -> bool:
+        """Whether qual prints each test's lines itself ([i/N], its family's progress, its
+        result), pytest's own letter or word left out: the controller of a run in one process,
+        unless -v asks for pytest's words (xdist's workers report through pytest's)."""
+        return self.controller and not self.distributed and \
+            -1 <= self.config.option.verbose <= 0
+
+    def pytest_report_teststatus(self, report, config):
+        """A suite test's outcome without pytest's letter while qual prints its result line
+        (`_own_lines`): one line per test, its progress and its result, not a file name and a
+        dot after them. Counted as pytest counts it, for its summary."""
+        if not self._own_lines() or not dict(report.user_properties).get(QUAL_TEST):
+            return None
+        if report.when == "call":
+            return report.outcome, "", ""
+        if report.failed:
+            return "error", "", ""
+        if report.skipped:
+            return "skipped", "", ""
+        return None
 
     def _crashed(self, report) -> dict | None:
         """xdist's report of the test a worker was running when it ended: where the worker
@@ -708,14 +731,13 @@ class QualSession:
             if planned <= {t.nodeid for t in self.tests.values()} and not interrupted:
                 self.journals[spec].path.unlink(missing_ok=True)  # done: the record stands
         verdicts = {r["summary"]["verdict"] for _, r in self.records.values()}
-        if self.config.option.qual_resume and session.exitstatus in (
-                pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
-            # the tests the journal kept count as much as this run's
-            session.exitstatus = Exit.FAIL if verdicts & {"FAIL", "ERROR"} else Exit.PASS
-        if session.exitstatus == Exit.PASS and "INCOMPLETE" in verdicts:
-            session.exitstatus = Exit.INCOMPLETE  # every test passed, yet a criterion was not judged
-        elif session.exitstatus == Exit.PASS and "INCONCLUSIVE" in verdicts:
-            session.exitstatus = Exit.INCONCLUSIVE  # a criterion's noise held its bound
+        # every test passed (or, resumed, the tests the journal kept count as much as this
+        # run's): the records' verdicts say the rest (a criterion not judged, or one the
+        # noise decides nothing of)
+        if session.exitstatus == Exit.PASS or (self.config.option.qual_resume and
+                                               session.exitstatus in (
+                pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)):
+            session.exitstatus = of_verdicts(verdicts)
 
     def write_records(self, drives: list[str], *, stalled=lambda spec: None,
                       interrupted: str | None = None,

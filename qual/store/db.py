@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from qual.measurement import is_final, repetitions_of
 from qual.record import check_record, read_record, record_paths, run_id_of
-from qual.store import StoreError, check_url, shown
+from qual.store.url import StoreError, check_url, shown
 from qual.store.schema import drives, measurements, metadata, runs
 
 BUSY_S = 60  # SQLite: the longest a writer waits for another

@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from qual import engine
-from qual.engine import IoJob, NoSpace, TargetUnavailable
+from qual.engine import IoJob
+from qual.errors import NoSpace, TargetUnavailable
 from qual.targets import scratch
 from qual.targets.guard import CLI_FLAGS, Refusal, UnsafeTarget, guard_refusals
 from qual.targets.identity import (DeviceStat, Identity, device_stat, drive_label, read_identity,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qual.errors import QualError
+from qual.targets import nvme as nvme_cli
 from qual.targets.identity import (Identity, dev_number, disk_dir, partitions, sysfs_dir)
 
 PROBE_TIMEOUT = 30  # seconds a signature tool may take
@@ -87,6 +88,48 @@ def guard_refusals(devnode: str, identity: Identity, *, allow_destructive: bool,
         refusals += _leftover(devnode)
     refusals += _serial_refusals(devnode, identity.serial, confirm_serial, flags[1])
     return refusals
+
+
+def format_namespace(target, *, ses: int = 1, guard_other) -> dict:
+    """Format the NVMe namespace `target` (a Target that passed the guard) with secure erase
+    setting `ses`. Where the controller's FNA says the format reaches every namespace, each
+    other namespace must pass the guard (`guard_other(path)` raises UnsafeTarget), and the
+    active namespaces must all be known by a device node; else nothing is formatted and the
+    refusal names them."""
+    devnode = str(target.path)
+    if not nvme_cli.available():
+        raise QualError(errno.ENOENT, f"the purge needs nvme-cli: {nvme_cli.INSTALL}",
+                        target=target.spec)
+    ctrl = nvme_cli.id_ctrl(devnode)
+    if ctrl is None or "fna" not in ctrl:
+        raise UnsafeTarget(target.spec, [Refusal(
+            "format reach unknown", "Identify Controller (FNA) could not be read: qual cannot "
+            "tell which namespaces a format erases, so it does not format")])
+    reach = [Path(devnode)]
+    if nvme_cli.reaches_all_namespaces(int(ctrl["fna"]), ses):
+        others = nvme_cli.sibling_namespaces(Path(devnode))
+        active = nvme_cli.active_namespaces(devnode)
+        if active is None or len(active) != len(others) + 1:
+            raise UnsafeTarget(target.spec, [Refusal(
+                "format reaches every namespace",
+                f"the controller formats all its namespaces (FNA {int(ctrl['fna']):#x}) and "
+                f"has {'an unknown number of' if active is None else len(active)} active "
+                f"namespaces, {len(others) + 1} with a device node here: one that cannot be "
+                "guarded would be erased")])
+        refused = []
+        for other in others:
+            try:
+                guard_other(other)
+            except UnsafeTarget as e:
+                refused.append(f"{other} ({'; '.join(r.rule for r in e.refusals)})")
+        if refused:
+            raise UnsafeTarget(target.spec, [Refusal(
+                "format reaches every namespace",
+                f"the controller formats all its namespaces (FNA {int(ctrl['fna']):#x}), and "
+                f"{', '.join(refused)} fails the guard: nothing was formatted")])
+        reach += others
+    method = nvme_cli.format_nvm(devnode, ses, target.spec)
+    return {"done": True, "method": method, "namespaces": [str(p) for p in reach]}
 
 
 def _leftover(devnode: str) -> list[Refusal]:

@@ -134,52 +134,17 @@ def sibling_namespaces(path: Path) -> list[Path]:
     return found
 
 
-def format_namespace(target, *, ses: int = 1, guard_other) -> dict:
-    """Format the NVMe namespace `target` (a Target that passed the guard) with secure erase
-    setting `ses`. Where the controller's FNA says the format reaches every namespace, each
-    other namespace must pass the guard (`guard_other(path)` raises UnsafeTarget), and the
-    active namespaces must all be known by a device node; else nothing is formatted and the
-    refusal names them."""
-    from qual.targets.guard import Refusal, UnsafeTarget  # the guard reads identity, which reads us
-
-    devnode = str(target.path)
-    if not available():
-        raise QualError(errno.ENOENT, f"the purge needs nvme-cli: {INSTALL}", target=target.spec)
-    ctrl = id_ctrl(devnode)
-    if ctrl is None or "fna" not in ctrl:
-        raise UnsafeTarget(target.spec, [Refusal(
-            "format reach unknown", "Identify Controller (FNA) could not be read: qual cannot "
-            "tell which namespaces a format erases, so it does not format")])
-    reach = [Path(devnode)]
-    if reaches_all_namespaces(int(ctrl["fna"]), ses):
-        others = sibling_namespaces(Path(devnode))
-        active = active_namespaces(devnode)
-        if active is None or len(active) != len(others) + 1:
-            raise UnsafeTarget(target.spec, [Refusal(
-                "format reaches every namespace",
-                f"the controller formats all its namespaces (FNA {int(ctrl['fna']):#x}) and "
-                f"has {'an unknown number of' if active is None else len(active)} active "
-                f"namespaces, {len(others) + 1} with a device node here: one that cannot be "
-                "guarded would be erased")])
-        refused = []
-        for other in others:
-            try:
-                guard_other(other)
-            except UnsafeTarget as e:
-                refused.append(f"{other} ({'; '.join(r.rule for r in e.refusals)})")
-        if refused:
-            raise UnsafeTarget(target.spec, [Refusal(
-                "format reaches every namespace",
-                f"the controller formats all its namespaces (FNA {int(ctrl['fna']):#x}), and "
-                f"{', '.join(refused)} fails the guard: nothing was formatted")])
-        reach += others
+def format_nvm(devnode: str, ses: int, spec: str) -> str:
+    """Format NVM on namespace `devnode` with secure erase setting `ses`, bounded; the method
+    as said. Which namespaces it reaches, and whether they may be erased, is the guard's
+    (qual.targets.guard.format_namespace): call it through there."""
     method = f"nvme format --ses={ses}"
     try:
         proc = subprocess.run(["nvme", "format", devnode, f"--ses={ses}", "--force"],
                               capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise QualError(errno.ETIMEDOUT, f"{method} did not finish in {FORMAT_TIMEOUT_S} s",
-                        target=target.spec) from None
+                        target=spec) from None
     if proc.returncode != 0:
-        raise QualError(errno.EIO, f"{method} failed: {proc.stderr.strip()}", target=target.spec)
-    return {"done": True, "method": method, "namespaces": [str(p) for p in reach]}
+        raise QualError(errno.EIO, f"{method} failed: {proc.stderr.strip()}", target=spec)
+    return method

@@ -15,7 +15,7 @@ import struct
 import time
 from datetime import timedelta
 
-from qual.engine import QualError
+from qual.errors import QualError
 
 _HEADER = struct.Struct("<Q")  # a message's length, before its pickled bytes
 

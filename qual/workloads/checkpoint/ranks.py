@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from qual import engine, honesty, watchdog
-from qual.engine import DataMismatch, QualError
+from qual.errors import DataMismatch, QualError
 from qual.targets import device_stat
 from qual.targets.scratch import drop_cache
 from qual.workloads.checkpoint.group import ForkedGroup, TorchGroup

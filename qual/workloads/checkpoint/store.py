@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from qual import engine
-from qual.engine import DataMismatch, QualError
+from qual.errors import DataMismatch, QualError
 from qual.targets.scratch import fsync_dir, own_folder
 
 ROOT_NAME = "qual-checkpoints"

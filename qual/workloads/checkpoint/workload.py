@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from qual import watchdog
-from qual.engine import NoSpace, QualError, TargetUnavailable, error_for
+from qual.engine import error_for
+from qual.errors import NoSpace, QualError, TargetUnavailable
 from qual.targets import Target
 from qual.targets.scratch import own_tempdir
 from qual.workloads.checkpoint import ranks

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qual.engine import QualError
+from qual.errors import QualError
 
 NODE_TYPES = ("paper", "author", "fos", "institute")
 RELATIONS = (("paper", "cites", "paper"), ("paper", "written_by", "author"),

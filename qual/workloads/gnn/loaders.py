@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from qual import engine, watchdog
-from qual.engine import QualError
+from qual.errors import QualError
 from qual.workloads.gnn.graph import Graph, Sample, sample
 from qual.workloads.gnn.igbh import FEATURE_DIM, NODE_TYPES
 from qual.workloads.gnn.store import FeatureStore

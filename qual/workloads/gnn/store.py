@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from qual import engine
-from qual.engine import DataMismatch
+from qual.errors import DataMismatch
 from qual.targets.scratch import drop_cache, own_folder
 from qual.workloads.gnn.igbh import FEATURE_DIM, IGBH, NODE_TYPES
 

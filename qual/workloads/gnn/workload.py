@@ -14,7 +14,7 @@ import numpy as np
 
 from qual import honesty
 from qual.units import format_duration
-from qual.engine import QualError, TargetUnavailable
+from qual.errors import QualError, TargetUnavailable
 from qual.family import Repetition
 from qual.targets import Target
 from qual.targets.scratch import own_folder, remove_made

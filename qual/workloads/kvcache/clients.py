@@ -21,8 +21,7 @@ from pathlib import Path
 from statistics import fmean
 
 from qual import honesty, units, watchdog
-from qual.engine import InvalidJob
-from qual.errors import QualError
+from qual.errors import InvalidJob, QualError
 from qual.targets import Target
 from qual.targets.scratch import own_folder
 from qual.workloads.kvcache.spec import CLOSED, OPTIONS, TEMPLATE_DEFAULTS

@@ -18,7 +18,7 @@ _USER, _TURNS = 1, 2  # the streams' names in their seeds
 
 
 @dataclass(frozen=True)
-class Profile:
+class User:
     """A user, drawn once: its template, QoS class, and the context length, generation length
     and think time its requests are drawn from."""
 
@@ -43,7 +43,7 @@ class Turn:
     system_prompt: int = 0
 
 
-def profile(table: dict, seed: int, user: int) -> Profile:
+def profile(table: dict, seed: int, user: int) -> User:
     rng = np.random.default_rng([seed, user, _USER])
     name = list(TEMPLATES)[int(rng.integers(len(TEMPLATES)))]
     u, qos, share = float(rng.random()), list(QOS_SHARES)[-1], 0.0
@@ -53,11 +53,11 @@ def profile(table: dict, seed: int, user: int) -> Profile:
             qos = cls
             break
     (c_lo, c_hi), (g_lo, g_hi), (t_lo, t_hi) = templates(table)[name]
-    return Profile(name, qos, int(rng.integers(c_lo, c_hi + 1)),
+    return User(name, qos, int(rng.integers(c_lo, c_hi + 1)),
                    int(rng.integers(g_lo, g_hi + 1)), float(rng.uniform(t_lo, t_hi)))
 
 
-def conversation(user: Profile, seed: int, number: int, conversation: int) -> list[Turn]:
+def conversation(user: User, seed: int, number: int, conversation: int) -> list[Turn]:
     """User `number`'s conversation number `conversation`: a first turn, then each next one
     with probability CONTINUE, MAX_TURNS at most."""
     rng = np.random.default_rng([seed, number, conversation, _TURNS])

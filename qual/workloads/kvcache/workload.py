@@ -160,7 +160,7 @@ def _conversation(table: dict, seed: int, user: int, conversation: int) -> list[
                     pause=table["think_time"]) for t in range(table["requests"])]
 
 
-def _drawn(profile: draw.Profile, seed: int, user: int, conversation: int) -> list[Request]:
+def _drawn(profile: draw.User, seed: int, user: int, conversation: int) -> list[Request]:
     """One conversation of the reference's draw (qual.workloads.kvcache.draw)."""
     return [Request(user, conversation, t, profile.qos, turn.tokens, generated=turn.generated,
                     decode_reads=turn.decode_reads, pause=turn.pause)

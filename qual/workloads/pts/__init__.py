@@ -22,7 +22,7 @@ from qual import engine, honesty, steady
 from qual.engine import IoResult
 from qual.family import Family, Field, Outcome, Rates, SuiteTest, Work, declares
 from qual.measurement import Measurement, Metric, Param, format_block, measure
-from qual.targets import Target, nvme
+from qual.targets import Target, guard, nvme
 from qual.workloads.base import backend_field
 from qual.workloads.bandwidth import merge_rounds
 
@@ -145,7 +145,7 @@ def purge(target: Target, table: dict) -> dict:
     """The PTS purge. The guard decides first: a purge is a write of the whole region, so a
     target qual may not write is refused before anything else. Then an NVMe namespace is
     formatted with a user-data erase (nvme format --ses=1), itself guarded: where the format
-    reaches every namespace of the controller, each must pass the guard (qual/targets/nvme.py).
+    reaches every namespace of the controller, each must pass the guard (qual/targets/guard.py).
     Any other target keeps what it holds, and the returned caveat says so."""
     target.prepare(target.job(op="write", pattern="sequential", block_size=WIPC_BS,
                               size=table["size"], bytes=WIPC_BS))  # UnsafeTarget if refused
@@ -157,7 +157,7 @@ def purge(target: Target, table: dict) -> dict:
                                          "from what the drive holds (PTS asks for a purged "
                                          "device)"}
     target.written = 0  # the format deallocates every block: a read would read nothing
-    return nvme.format_namespace(target, ses=1, guard_other=lambda path: Target(
+    return guard.format_namespace(target, ses=1, guard_other=lambda path: Target(
         path, allow_destructive=target.allow_destructive, confirm_serial=target.confirm_serial,
         consent_flags=target.consent_flags).check_guard())
 

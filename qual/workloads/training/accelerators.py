@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qual import honesty
-from qual.engine import Cancelled, QualError
+from qual.errors import Cancelled, QualError
 
 
 @dataclass(frozen=True)

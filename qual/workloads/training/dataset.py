@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from qual import engine
-from qual.engine import IoJob, NoSpace, TargetUnavailable
+from qual.engine import IoJob
+from qual.errors import NoSpace, TargetUnavailable
 from qual.targets import Target
 from qual.targets.scratch import drop_cache, fsync_dir, own_folder, remove_made
 from qual.units import format_size

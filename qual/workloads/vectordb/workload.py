@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from qual import honesty, units, watchdog
-from qual.engine import InvalidJob, LatencyHistogram
-from qual.errors import QualError, TargetUnavailable
+from qual.engine import LatencyHistogram
+from qual.errors import InvalidJob, QualError, TargetUnavailable
 from qual.family import Repetition, host_memory
 from qual.targets import Target
 from qual.targets.scratch import drop_cache, fsync_dir, own_folder, remove_made
