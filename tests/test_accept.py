@@ -225,8 +225,9 @@ def test_the_population_report_opens_from_disk_verdict_first(store_url, tmp_path
                                       "i.naturalWidth > 100)")
         marked = chrome.evaluate(page, "[...document.querySelectorAll('tr.bad td:first-child')]"
                                        ".map(td => td.innerText)")
-        outliers = chrome.evaluate(page, "[...document.querySelectorAll('table')].pop()"
-                                         ".querySelector('tbody tr td:last-child').innerText")
+        outliers = chrome.evaluate(page, "[...[...document.querySelectorAll('table')].pop()"
+                                         ".querySelectorAll('tbody tr')].map(tr => [tr.cells[0]"
+                                         ".innerText, tr.cells[tr.cells.length - 1].innerText])")
         alts = chrome.evaluate(page, "[...document.images].map(i => i.alt)")
     finally:
         chrome.close()
@@ -235,5 +236,6 @@ def test_the_population_report_opens_from_disk_verdict_first(store_url, tmp_path
     assert f"drive S3 is an outlier on {SEQ}" in shown
     assert drawn == [True, True]  # a strip plot per judged figure (read, latency)
     assert marked == ["S3", SEQ]  # the outlying drive, and the figure it is outlying on
-    assert outliers == "S3"  # the figures table names it
-    assert alts[0] == f"{SEQ}: the drives' values; outlier S3"
+    assert dict(outliers) == {LAT: "-", SEQ: "S3"}  # the figures table names it
+    assert sorted(alts) == [f"{LAT}: the drives' values", f"{SEQ}: the drives' values; "
+                                                            "outlier S3"]
