@@ -165,6 +165,52 @@ def test_every_import_goes_down_the_layers_the_house_plan_draws():
 
 
 
+def module_name(path: Path) -> str:
+    """qual/store/__init__.py is qual.store; qual/store/db.py is qual.store.db."""
+    parts = path.relative_to(QUAL.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_itself_back_through_others():
+    """No circle among qual's modules, a function's own import counted as the module's (one
+    that closes a circle is the circle it hides): the guard, identity and the nvme-cli
+    wrapper, and the store and its database, each imported back once."""
+    known = {module_name(p) for p in QUAL.rglob("*.py")}
+    graph = {}
+    for path in QUAL.rglob("*.py"):
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from qual.targets import nvme` imports the module qual.targets.nvme
+                named = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
+                         else node.module for a in node.names]
+            elif isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            for imported in named:
+                while imported not in known and "." in imported:  # a name from a module
+                    imported = imported.rsplit(".", 1)[0]
+                if imported in known:
+                    edges.add(imported)
+        graph[module_name(path)] = edges - {module_name(path)}
+    circles, state = [], {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(trail[trail.index(nxt):] + [node, nxt])
+                               if nxt in trail else f"{node} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, trail + [node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
 def test_no_family_names_a_suite_function():
     """A family declares its tests (Family.tests) and plans them by declaration; its code
     never spells a suite function's name, which a renamed test would silently stop
