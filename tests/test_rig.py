@@ -159,6 +159,14 @@ def test_a_run_says_where_it_is_and_keeps_a_familys_progress_short(tmp_path):
     assert starts[0][2].endswith("test_kvcache.py::test_storage")
     served = [line for line in proc.stdout.splitlines() if "requests served" in line]
     assert 1 <= len(served) <= 3, served  # 3 repetitions of 2 s: the first line, the last
+    # a test is its [i/N] line, its progress and its result: no file name, no result letter
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("[1/1]"))
+    assert any(line.startswith("  passed in ") for line in lines[at + 1:at + 6]), \
+        lines[at:at + 6]
+    assert all(line.startswith("  ") for line in lines[at + 1:at + 4]), lines[at:at + 6]
+    assert not any("test_kvcache.py" in line and not line.startswith(("[", "FAILED", "ERROR"))
+                   for line in lines), proc.stdout[-2000:]
     (tmp_path / "q").mkdir()
     quiet, _ = run_suite(tmp_path / "q", "-q", "-k", "storage", suite="test_kvcache.py",
                          profile=shipped("thresholds") / "ci.toml")

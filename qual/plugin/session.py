@@ -344,6 +344,9 @@ class QualSession:
         """The plan of every drive, from the tests selected (after -k and -m), before any I/O:
         written and the run ended with --qual-plan; otherwise a refusal ends the run here with
         exit 4, each reason named once."""
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None and self._own_lines():  # each test's [i/N] line names it
+            tr.showfspath = False
         opt = self.config.option
         if not session.items or (opt.collectonly and not opt.qual_plan):
             return
