@@ -17,8 +17,10 @@ touches nothing on the target, and nothing it does depends on the stuck thread."
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -274,7 +276,6 @@ def watching(command_timeout: float, on_stall: Callable[[Stall], None]) -> Watch
 def kill_descendants() -> None:
     """SIGKILL every process below this one (rank processes, helpers): a fatal signal ends
     even a wait on a dead FUSE server."""
-    import signal
 
     for pid in _descendants(os.getpid())[1:]:
         try:
@@ -297,8 +298,6 @@ def bind_to_parent(parent: int) -> None:
     the OOM killer): PR_SET_PDEATHSIG, which the kernel fires when the thread that started
     this process ends, so only the main thread of a qual process starts children. Where the
     parent is gone already (it died before this call), this process ends now."""
-    import ctypes
-    import signal
 
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
@@ -321,7 +320,6 @@ def supervised(main: Callable[[], int]) -> int:
     The child has a process group of its own; Ctrl-C, SIGTERM and SIGHUP reach it through
     this process (once each), and it dies with this process."""
     import select
-    import signal
     import sys
 
     global _REPORT_FD

@@ -168,8 +168,6 @@ def _become_dying_with_parent(user: pwd.struct_passwd, parent: int) -> None:
     """In the server's child, before exec: the postgres user's (PostgreSQL refuses root), then
     SIGKILL when the tests end however they end (qual's own watchdog.bind_to_parent). The
     parent-death signal is set after the user changes, since a change of user clears it."""
-    import ctypes  # noqa: F401  (bind_to_parent's, loaded while root may still read it)
-
     os.setgroups([])
     os.setgid(user.pw_gid)
     os.setuid(user.pw_uid)

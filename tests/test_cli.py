@@ -348,3 +348,18 @@ def test_every_flag_says_what_it_is_and_every_command_its_exit_statuses():
                     bare.append(f"qual {name} {action.option_strings or action.dest}: "
                                 f"{action.help!r}")
     assert not bare, "\n".join(bare)
+
+
+def test_every_command_s_help_ends_with_its_exit_statuses():
+    """Each command's --help lists its exit statuses from qual.exits, a line per code, each
+    code one of qual's (a family's command and the store's subcommand group alike)."""
+    from qual.exits import Exit
+
+    codes = {str(int(c)) for c in Exit}
+    for command in ("io", "run", "report", "compare", "accept", "history", "store",
+                    "profiles", "clean", "kvcache"):
+        out = qual(command, "--help").stdout
+        listed = out.split("exit status:\n", 1)[1].splitlines()
+        rows = [line.split(None, 1) for line in listed if line.startswith("  ")]
+        assert len(rows) >= 2 and all(code in codes and said for code, said in rows), \
+            (command, listed)

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from qual.targets import Target
+from qual.units import format_size
 from qual.thresholds import family_table
 from qual.workloads import kvcache
 from qual.workloads.kvcache import draw, spec, workload
@@ -121,7 +122,7 @@ def test_a_store_that_cannot_hold_what_its_users_keep_in_flight_is_refused(tmp_p
     assert refused.returncode == 4, refused.stderr
     assert refused.stderr.startswith("qual kvcache: refused: "), refused.stderr
     assert "the store of 64 MiB cannot hold what the 40 users keep in flight at once " \
-           f"({spec_size(need)}" in refused.stderr, refused.stderr
+           f"({format_size(need)}" in refused.stderr, refused.stderr
     assert "--accept-misses" in refused.stderr
     assert not list(folder.iterdir())
     ran = qual(*args, "--accept-misses", cwd=tmp_path)
@@ -129,11 +130,6 @@ def test_a_store_that_cannot_hold_what_its_users_keep_in_flight_is_refused(tmp_p
     caveats = [line for line in ran.stdout.splitlines() if line.startswith("CAVEAT: ")]
     assert caveats[0].startswith("CAVEAT: the store of 64 MiB cannot hold"), ran.stdout
     assert any(line.startswith("kv_overwritten_reads = ") for line in ran.stdout.splitlines())
-
-
-def spec_size(n: int) -> str:
-    from qual.units import format_size
-    return format_size(n)
 
 
 def test_the_overwritten_share_is_said_above_a_tenth_and_not_below(tmp_path):

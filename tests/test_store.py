@@ -249,6 +249,21 @@ def test_a_store_named_wrongly_is_refused_before_any_io(tmp_path):
     assert not target.exists() and not (tmp_path / "r").exists()
 
 
+def test_a_store_named_wrongly_exits_alike_through_pytest_itself(tmp_path):
+    """The plugin, run by pytest without `qual run`, refuses the same store with the same exit
+    status (2, a bad argument of qual's), before any I/O."""
+    target = tmp_path / "t.dat"
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(HERE.parent / "suites"),
+                           "-p", "no:cacheprovider", f"--qual-profile={TINY_PROFILE}",
+                           f"--qual-target={target}", f"--qual-results={tmp_path / 'r'}",
+                           "--qual-store=mysql://db/qual"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == Exit.USAGE, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "--qual-store: mysql://db/qual: qual stores in SQLite or PostgreSQL" in \
+        proc.stdout + proc.stderr
+    assert not target.exists() and not (tmp_path / "r").exists()
+
+
 def test_the_documented_queries_run_on_both_databases(store_url):
     """The README's example queries, as written, answer from a store with two firmwares."""
     doc = (HERE.parent / "README.md").read_text()

@@ -11,6 +11,7 @@ import math
 from qual import units
 from qual.family import Family, Flags, Rates, SuiteTest, Work, declares
 from qual.targets import Target
+from qual.thresholds import family_table
 from qual.workloads.kvcache.results import ClosedOutcome, KvCacheOutcome
 from qual.workloads.kvcache.spec import (CLOSED, FIELDS, LOCKED, METRICS, MODELS, NAME, cells,
                                          check_table, drive_bytes, option_table, prefix_bytes,
@@ -90,8 +91,6 @@ def _settings(table: dict) -> tuple[dict, dict]:
     """(what an MLPerf option locks, at its values; every setting that differs from the
     option's, or without an option from the defaults): what the plan says and its JSON
     carries, so that a run's settings can be read before it starts."""
-    from qual.thresholds import family_table  # noqa: PLC0415 (the profile parser is the core's)
-
     option = table["mlperf_option"]
     given = {**option_table({"mlperf_option": option}), "mlperf_option": option} \
         if option else {}
