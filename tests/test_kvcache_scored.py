@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-from qual.targets import Target
 from qual.units import format_size
 from qual.thresholds import family_table
 from qual.workloads import kvcache
