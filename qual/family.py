@@ -15,8 +15,11 @@ from qual.measurement import Measurement, Metric
 
 @dataclass(frozen=True)
 class Field:
-    """A key of a family's profile table. kind: size, duration, count, ratio, number (> 0),
-    bool, text, choice, sizes, counts, choices, table (with `fields`)."""
+    """A key of a profile table (a family's, or the profile's own). kind: size, duration,
+    count, ratio, number (> 0), bool, text (matching `pattern` where given), choice, sizes,
+    counts, choices, texts (a list, repeats allowed), bandwidths (a table of block size =
+    bandwidth), ratios (a table of name = ratio), table (with `fields`). `maximum` bounds a
+    count, a number and a ratio (a ratio from 0)."""
 
     name: str
     kind: str
@@ -25,6 +28,7 @@ class Field:
     choices: tuple[str, ...] = ()
     minimum: int = 1  # counts and sizes; 0 lets a duration be zero
     maximum: int | None = None
+    pattern: str | None = None  # text: a regular expression it must match (`help` says what)
     fields: tuple[Field, ...] = ()
     help: str = ""
     flag: str | None = None  # its command-line flag, where not --NAME (fio's name, say)

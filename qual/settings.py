@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from qual import units
 from qual.family import Field
@@ -26,14 +27,17 @@ def similar(a: str, b: str) -> bool:
     return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b)) <= 2 or sorted(a) == sorted(b)
 
 
-def parse_fields(fields: tuple[Field, ...], table: dict, label, prefix, problems) -> dict:
+def parse_fields(fields: tuple[Field, ...], table: dict, label, prefix, problems,
+                 beside: tuple[str, ...] = ("criteria",)) -> dict:
+    """The table's values parsed by their fields; `beside`: the keys the table also holds,
+    read elsewhere (a family's criteria), named when a key is unknown."""
     by_name = {f.name: f for f in fields}
     out = {}
     for key, value in table.items():
         where = f"{prefix}.{key}"
         f = by_name.get(key)
         if f is None:
-            problems.append((label, where, unknown_key(key, [*by_name, "criteria"])))
+            problems.append((label, where, unknown_key(key, [*by_name, *beside])))
             continue
         try:
             out[key] = parse_value(f, value, label, where, problems)
@@ -56,6 +60,25 @@ def parse_value(f: Field, value, label, where, problems):
         if len(set(items)) != len(items):
             raise units.UnitError("lists a value twice")
         return items
+    if kind == "texts":
+        if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+            raise units.UnitError(f"must be a list of {f.help or 'non-empty strings'}")
+        return tuple(value)
+    if kind in ("bandwidths", "ratios"):
+        if not isinstance(value, dict):
+            raise units.UnitError(f"must be a table of {f.help}")
+        key_kind, value_kind = ("size", "bandwidth") if kind == "bandwidths" else ("text",
+                                                                                   "ratio")
+        out = {}
+        for k, v in value.items():
+            try:
+                key = units.parse_size(k, name="block size") if key_kind == "size" else k
+                out[key] = (parse_value(Field(f.name, "ratio", maximum=f.maximum), v, label,
+                                        f"{where}.{k}", problems) if value_kind == "ratio"
+                            else units.parse_quantity(v, "bandwidth"))
+            except units.UnitError as e:
+                problems.append((label, f"{where}.{k}", str(e)))
+        return out
     if kind == "size":
         return units.parse_size(value, name=f.name, minimum=f.minimum)
     if kind == "duration":
@@ -63,14 +86,22 @@ def parse_value(f: Field, value, label, where, problems):
     if kind == "count":
         return units.parse_count(value, name=f.name, minimum=f.minimum, maximum=f.maximum)
     if kind == "ratio":
-        return units.parse_quantity(value, "ratio")
+        r = units.parse_quantity(value, "ratio")
+        if f.maximum is not None and not 0 <= r <= f.maximum:
+            raise units.UnitError(f"{value!r} is not a sensible ratio (0 to "
+                                  f"{f.maximum * 100:g} %)")
+        return r
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise units.UnitError(f"{value!r} is not a positive number")
+        if f.maximum is not None and value > f.maximum:
+            raise units.UnitError(f"{value!r} is above {f.maximum}")
         return float(value)
     if kind == "text":
         if not isinstance(value, str) or not value.strip():
             raise units.UnitError(f"{value!r} is not a non-empty string")
+        if f.pattern is not None and not re.match(f.pattern, value):
+            raise units.UnitError(f"{value!r} is not {f.help}")
         return value
     if kind == "bool":
         if not isinstance(value, bool):
@@ -165,20 +196,18 @@ def nest(flat: dict[str, object]) -> dict:
     return out
 
 
-def argument(kind: str, *, name: str | None = None):
-    """An argparse type for one value of a field kind ("size", "duration", "count"): the
-    flag's text parsed as a field of that kind would be, its problem argparse's error."""
-    field = Field(name or kind, kind)
-
+def argument(field: Field):
+    """An argparse type for one value of a field: the flag's text parsed as the field would
+    be in a profile (its kind, its range), its problem argparse's error."""
     def parse(text: str):
         try:
             return parse_value(field, flag_value(field, text), "flags", field.name, [])
         except units.UnitError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-    parse.__name__ = kind  # argparse says "invalid size value: …"
+    parse.__name__ = field.kind  # argparse says "invalid size value: …"
     return parse
 
 
-size = argument("size")
-duration = argument("duration")
-positive = argument("count", name="value")
+size = argument(Field("size", "size"))
+duration = argument(Field("duration", "duration"))
+positive = argument(Field("value", "count"))

@@ -21,14 +21,11 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from qual import shipped, units
-from qual.family import Family, Settings
+from qual.family import Family, Field, Settings
 from qual.measurement import Criterion, measurement_id
 from qual.record import DEFAULT_TOLERANCE
-from qual.settings import complete, parse_fields, unknown_key
+from qual.settings import complete, parse_fields, parse_value, unknown_key
 
-PROFILE_KEYS = ("name", "description", "extends", "tolerance", "gate", "device_truth", "link",
-                "peak_read_bw", "filesystem", "filesystem_options", "fit", "repeats",
-                "straddle")
 STRADDLE = ("caveat", "inconclusive")  # a failing median whose interval holds the bound
 FILESYSTEMS = ("ext4", "xfs")  # what qual makes on a raw namespace for the file families
 LINK = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s\s+x(\d+)\s*$")  # "32 GT/s x4": the class's host link
@@ -36,6 +33,44 @@ DEVICE_TRUTH = ("required", "optional")  # optional: judged without it, with a c
 CRITERION_KEYS = ("metric", "params", "min", "max", "unit", "source", "severity", "tolerance")
 SEVERITIES = ("blocker", "critical", "normal", "minor", "trivial")
 DEFAULT_GATE = "normal"  # a failed blocker, critical or normal criterion fails the gate
+# a tolerance, a spread: a share of the figure, 0 to 1000 %
+TOLERANCE = Field("tolerance", "ratio", maximum=10, help="a regression beyond this share of "
+                  "the baseline fails the gate")
+
+REPEATS = Field("repeats", "count", maximum=100, help="repetitions of every judged figure")
+
+# the profile's own keys, its [profile] table (docs/profiles.md)
+PROFILE_FIELDS = (
+    Field("name", "text", help="the profile's name (default: its file's)"),
+    Field("description", "text", help="the drive class it is for"),
+    Field("extends", "text", help="the profile it inherits from: a shipped name or a path"),
+    TOLERANCE,
+    Field("gate", "choice", choices=SEVERITIES,
+          help="the least severity whose failed criterion fails the gate"),
+    Field("device_truth", "choice", choices=DEVICE_TRUTH,
+          help="optional: a claim on the device judged without its counters, with a caveat"),
+    Field("link", "text", pattern=LINK.pattern, help='a PCIe link like "32 GT/s x4"'),
+    Field("peak_read_bw", "bandwidths", help="block size = bandwidth, the class's published "
+                                             "peaks"),
+    Field("filesystem", "choice", choices=FILESYSTEMS,
+          help="the filesystem qual makes on a raw namespace for the file families"),
+    Field("filesystem_options", "texts", help='mkfs options, e.g. ["-E", "lazy_itable_init=0"]'),
+    Field("fit", "bool", help="a region or dataset larger than the target is scaled down"),
+    REPEATS,
+    Field("straddle", "choice", choices=STRADDLE,
+          help="a failing median whose interval holds the bound: its verdict"),
+)
+
+# the profile's [population] table: how `qual accept` judges a drive model (docs/store.md)
+POPULATION_FIELDS = (
+    Field("min_drives", "count", maximum=10000, help="drives of the model, at least"),
+    Field("max_spread", "ratio", maximum=10, help="each figure's spread over the drives, at most"),
+    Field("outlier_z", "number", maximum=100, help="a robust z-score bound (e.g. 3.5)"),
+    Field("min_deviation", "ratio", maximum=10,
+          help="an outlier differs from the median by more than this share"),
+    Field("spreads", "ratios", maximum=10, help='measurement id = ratio, e.g. '
+                                                '{ "seq_read_bw[bs=1M,qd=16]" = "5 %" }'),
+)
 
 
 class ProfileError(Exception):
@@ -105,7 +140,6 @@ class Population:
         return self.spreads.get(measurement, self.max_spread)
 
 
-POPULATION_KEYS = ("min_drives", "max_spread", "outlier_z", "min_deviation", "spreads")
 
 
 @dataclass(frozen=True)
@@ -271,9 +305,9 @@ def _parse_document(data: dict, families: dict[str, Family], doc: dict, problems
     label = doc["label"]
     for key, value in data.items():
         if key == "profile":
-            doc["profile"] = _parse_profile_table(value, label, problems)
+            doc["profile"] = _parse_own_table(key, PROFILE_FIELDS, value, label, problems)
         elif key == "population":
-            doc["population"] = _parse_population(value, label, problems)
+            doc["population"] = _parse_own_table(key, POPULATION_FIELDS, value, label, problems)
         elif key in families:
             if not isinstance(value, dict):
                 problems.append((label, key, "must be a table"))
@@ -302,121 +336,20 @@ def _parse_document(data: dict, families: dict[str, Family], doc: dict, problems
         problems.append((label, "profile", "missing [profile] table"))
 
 
-def _parse_population(value, label, problems) -> dict:
-    if not isinstance(value, dict):
-        problems.append((label, "population", "must be a table"))
-        return {}
-    out = {}
-    for key, v in value.items():
-        where = f"population.{key}"
-        if key not in POPULATION_KEYS:
-            problems.append((label, where, unknown_key(key, POPULATION_KEYS)))
-        elif key == "min_drives":
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10000:
-                problems.append((label, where, f"{v!r} is not a count of drives (1 or more)"))
-            else:
-                out[key] = v
-        elif key == "outlier_z":
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 100:
-                problems.append((label, where, f"{v!r} is not a robust z-score bound (e.g. "
-                                               "3.5)"))
-            else:
-                out[key] = float(v)
-        elif key == "spreads":
-            if not isinstance(v, dict):
-                problems.append((label, where, "must be a table of measurement id = ratio, "
-                                               "e.g. { \"seq_read_bw[bs=1M,qd=16]\" = \"5 %\" }"))
-                continue
-            spreads = {mid: _ratio(r, label, f"{where}.{mid}", problems) for mid, r in v.items()}
-            out[key] = {mid: r for mid, r in spreads.items() if r is not None}
-        else:  # max_spread, min_deviation
-            r = _ratio(v, label, where, problems)
-            if r is not None:
-                out[key] = r
-    return out
-
-
-def _parse_profile_table(value, label, problems) -> dict:
-    if not isinstance(value, dict):
-        problems.append((label, "profile", "must be a table"))
-        return {}
-    out = {}
-    for key, v in value.items():
-        where = f"profile.{key}"
-        if key not in PROFILE_KEYS:
-            problems.append((label, where, unknown_key(key, PROFILE_KEYS)))
-        elif key == "tolerance":
-            out[key] = _ratio(v, label, where, problems)
-        elif key == "device_truth":
-            if v not in DEVICE_TRUTH:
-                problems.append((label, where, f"{v!r} is not one of {', '.join(DEVICE_TRUTH)}"))
-            else:
-                out[key] = v
-        elif key == "link":
-            if not isinstance(v, str) or not LINK.match(v):
-                problems.append((label, where, f"{v!r} is not a PCIe link like \"32 GT/s x4\""))
-            else:
-                out[key] = v
-        elif key == "peak_read_bw":
-            peaks = {}
-            for bs, q in (v.items() if isinstance(v, dict) else ()):
-                try:
-                    peaks[units.parse_size(bs, name="block size")] = \
-                        units.parse_quantity(q, "bandwidth")
-                except units.UnitError as e:
-                    problems.append((label, f"{where}.{bs}", str(e)))
-            if not isinstance(v, dict):
-                problems.append((label, where, "must be a table of block size = bandwidth"))
-            out[key] = peaks
-        elif key == "filesystem":
-            if v not in FILESYSTEMS:
-                problems.append((label, where, f"{v!r} is not a filesystem qual makes "
-                                               f"({', '.join(FILESYSTEMS)})"))
-            else:
-                out[key] = v
-        elif key == "repeats":
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100:
-                problems.append((label, where, f"{v!r} is not a count of repetitions (1..100)"))
-            else:
-                out[key] = v
-        elif key == "straddle":
-            if v not in STRADDLE:
-                problems.append((label, where, f"{v!r} is not {' or '.join(STRADDLE)}"))
-            else:
-                out[key] = v
-        elif key == "fit":
-            if not isinstance(v, bool):
-                problems.append((label, where, f"{v!r} is not true or false"))
-            else:
-                out[key] = v
-        elif key == "filesystem_options":
-            if not isinstance(v, list) or not all(isinstance(o, str) and o for o in v):
-                problems.append((label, where, "must be a list of mkfs options, e.g. "
-                                               "[\"-E\", \"lazy_itable_init=0\"]"))
-            else:
-                out[key] = tuple(v)
-        elif key == "gate":
-            if v not in SEVERITIES:
-                problems.append((label, where, f"{v!r} is not a severity ({', '.join(SEVERITIES)})"))
-            else:
-                out[key] = v
-        elif not isinstance(v, str) or not v.strip():
-            problems.append((label, where, "must be a non-empty string"))
-        else:
-            out[key] = v
-    return out
-
-
-def _ratio(value, label, where, problems) -> float | None:
+def _own_value(f: Field, value, label, where, problems):
     try:
-        r = units.parse_quantity(value, "ratio")
+        return parse_value(f, value, label, where, problems)
     except units.UnitError as e:
         problems.append((label, where, str(e)))
         return None
-    if not 0 <= r <= 10:
-        problems.append((label, where, f"{value!r} is not a sensible ratio"))
-        return None
-    return r
+
+
+def _parse_own_table(name: str, fields: tuple[Field, ...], value, label, problems) -> dict:
+    """[profile] or [population]: a table whose keys are `fields`."""
+    if not isinstance(value, dict):
+        problems.append((label, name, "must be a table"))
+        return {}
+    return parse_fields(fields, value, label, name, problems, beside=())
 
 
 def _parse_criterion(family: Family, raw, label, where, problems) -> Criterion | None:
@@ -479,8 +412,8 @@ def _parse_criterion(family: Family, raw, label, where, problems) -> Criterion |
     severity = raw.get("severity", "normal")
     if severity not in SEVERITIES:
         problems.append((label, f"{where}.severity", f"{severity!r} is not one of {', '.join(SEVERITIES)}"))
-    tolerance = _ratio(raw["tolerance"], label, f"{where}.tolerance", problems) \
-        if "tolerance" in raw else None
+    tolerance = _own_value(TOLERANCE, raw["tolerance"], label, f"{where}.tolerance",
+                           problems) if "tolerance" in raw else None
     if len(problems) > before:
         return None
     factor = units.parse_unit(unit).factor

@@ -156,8 +156,8 @@ def test_a_spread_beyond_its_bound_rejects(store_url, tmp_path):
 
 
 @pytest.mark.parametrize("rules, problem", [
-    ("min_drives = 0", "not a count of drives"),
-    ("outlier_z = -1", "not a robust z-score bound"),
+    ("min_drives = 0", "min_drives 0 is outside 1..10000"),
+    ("outlier_z = -1", "-1 is not a positive number"),
     ("max_spread = \"many\"", "many"),
     ("colour = 1", "unknown"),
     ('spreads = { "seq_write_bw[bs=9M,qd=1]" = "5 %" }', "not a figure this profile judges"),

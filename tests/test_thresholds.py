@@ -111,6 +111,47 @@ def test_each_kind_of_bad_profile_says_where_and_what(tmp_path, mutation, expect
     assert expected in problems(tmp_path, GOOD.replace(old, new, 1))
 
 
+@pytest.mark.parametrize("line, expected", [
+    ("repeats = 101", "p.toml:profile.repeats: repeats 101 is outside 1..100"),
+    ("repeats = true", "p.toml:profile.repeats: repeats True is not a whole number"),
+    ("tolerance = \"2000 %\"", "p.toml:profile.tolerance: '2000 %' is not a sensible ratio"),
+    ("gate = \"huge\"", "p.toml:profile.gate: 'huge' is not one of blocker"),
+    ("filesystem_options = [\"-E\", \"\"]", "p.toml:profile.filesystem_options: must be a "
+                                              "list of mkfs options"),
+    ("colour = 1", "p.toml:profile.colour: unknown key; known: name, description"),
+])
+def test_the_profile_table_is_checked_by_its_fields(tmp_path, line, expected):
+    text = GOOD.replace('description = "test class"', f'description = "test class"\n{line}')
+    assert expected in problems(tmp_path, text)
+
+
+def test_the_profile_table_s_values_are_parsed(tmp_path):
+    text = GOOD.replace('description = "test class"', 'description = "test class"\n'
+                        'filesystem_options = ["-E", "a", "-E", "b"]\nrepeats = 3\n'
+                        'peak_read_bw = { "1M" = "6.2 GiB/s" }\nlink = "32 GT/s x4"')
+    p = load_profile(write(tmp_path, text), registry())
+    assert p.filesystem_options == ("-E", "a", "-E", "b")  # a mkfs option may come twice
+    assert (p.repeats, p.peak_read_bw, p.link) == (3, {1 << 20: 6.2 * (1 << 30)}, "32 GT/s x4")
+
+
+def test_repeats_has_one_range_the_profile_s_and_the_flag_s(tmp_path):
+    """--qual-repeats is parsed by the profile's own field: the same words for the same
+    value, from either place."""
+    import subprocess
+    import sys
+
+    from qual import shipped
+
+    text = GOOD.replace('description = "test class"', 'description = "test class"\nrepeats = 0')
+    said = problems(tmp_path, text)
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(shipped("suites")), "-p",
+                           "no:benchmark", "--qual-repeats", "0", "--collect-only", "-q"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4
+    assert "repeats 0 is outside 1..100" in said
+    assert "--qual-repeats: repeats 0 is outside 1..100" in proc.stdout + proc.stderr
+
+
 def test_a_byte_that_is_not_utf8_is_said_by_its_line(tmp_path):
     path = tmp_path / "p.toml"
     path.write_bytes(GOOD.replace('source = "D7-PS1010', 'source = "D7-PS1010 caf\xe9').encode(

@@ -26,6 +26,7 @@ from qual.plugin.session import (DEPARTED, DEVICE_ERROR, DRIVE, QUAL_FIXTURES, Q
                                  qual_session, short_message)
 from qual.measurement import Measurement
 from qual.flags import claimed
+from qual.settings import argument
 from qual.targets import DEFAULT_TARGET, drive_status
 from qual.workloads import registry
 from qual.workloads.base import Repeated
@@ -69,7 +70,7 @@ def pytest_addoption(parser):
                 help="keep qual's scratch file after the run (the next run reuses it)")
     g.addoption("--qual-seed", type=int, default=1, metavar="N",
                 help="seed of random offsets and write data (default 1, so runs are comparable)")
-    g.addoption("--qual-repeats", type=int, default=None, metavar="N",
+    g.addoption("--qual-repeats", type=argument(thresholds.REPEATS), default=None, metavar="N",
                 help="measure every judged figure N times, interleaved, and judge the median "
                      "with its interval (default: the profile's `repeats`)")
     g.addoption("--qual-fit", action="store_true",
