@@ -79,17 +79,11 @@ def add_parser(sub, family: Family) -> None:
                                                                 "judged"), Exit.INTERRUPTED),
                        formatter_class=ExitHelp)
     p.set_defaults(family=family)
-    p.add_argument("--target", default=None,
-                   help="file, directory or block device (default: under .qual/)")
+    add_target_flags(p, "under .qual/")
     p.add_argument("--profile", default=None, metavar="NAME|FILE",
                    help=f"take the [{family.name}] table from this profile (flags override it) "
                         "and judge the measurements against its criteria: exit 1 on a failure")
     store.add_option(p, "with --profile: the results store the run's record goes to", off=True)
-    p.add_argument("--json", action="store_true", help="print a JSON document")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--allow-destructive", action="store_true",
-                   help="allow writes to a block device (the safety guard still applies)")
-    p.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
     if not _has_timeout_field(family):  # else the field's own flag sets it
         p.add_argument("--command-timeout", type=duration, default=None, metavar="DURATION",
                        help="end the command with a stall error when a call on the target has "
@@ -110,6 +104,31 @@ def add_parser(sub, family: Family) -> None:
                             "is touched)")
 
 
+def add_target_flags(p, default: str) -> None:
+    """The flags of every command that runs on a target: the target (`default`: where qual
+    makes its scratch file without one), the guard's two, --json and -q."""
+    p.add_argument("--target", default=None,
+                   help=f"file, directory or block device (default: {default})")
+    p.add_argument("--json", action="store_true", help="print a JSON document")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--allow-destructive", action="store_true",
+                   help="allow writes to a block device (the safety guard still applies)")
+    p.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
+
+
+def said_problems(name: str, fields, problems) -> int:
+    """Each problem of a command's settings on its own line, a flag's by the flag a user
+    typed (`qual NAME: error: --bs: …`), a profile's by file and key: a usage error, before
+    anything is touched."""
+    by_key = dict(flag_fields(fields))
+    for where, key, problem in problems:
+        leaf = key.split(".", 1)[1] if "." in key else None
+        shown = (field_flags(leaf, by_key[leaf])[0] if leaf in by_key else flag_name(leaf)) \
+            if where == "flags" and leaf else f"{where}:{key}"
+        print(f"qual {name}: error: {shown}: {problem}", file=sys.stderr)
+    return Exit.USAGE
+
+
 def _settings(family: Family, args, profile):
     """The family's settings: the profile's table (if any) with the flags over it. Wrong
     flags are said per flag, before anything is touched."""
@@ -122,12 +141,6 @@ def _settings(family: Family, args, profile):
         flags = {**family.flags.defaults(flags), **flags}
     # the profile's table is parsed already: only the flags are parsed here
     return family_table(family, flags, base=base, label="flags")
-
-
-def _flag_of(family: Family, key: str) -> str:
-    """The flag that sets a table key (its own spelling, not --KEY, where it has one)."""
-    fields = dict(flag_fields(family.fields))
-    return field_flags(key, fields[key])[0] if key in fields else flag_name(key)
 
 
 def watched(name: str, target: str | None, command_timeout: float) -> watchdog.Watchdog:
@@ -248,11 +261,7 @@ def run(args, families: dict[str, Family]) -> int:
         print(f"qual {name}: error: --store: {e}", file=sys.stderr)
         return Exit.USAGE
     except ProfileError as e:
-        for where, key, problem in e.problems:
-            shown = _flag_of(family, key.split(".", 1)[1]) if where == "flags" and "." in key \
-                else f"{where}:{key}"
-            print(f"qual {name}: error: {shown}: {problem}", file=sys.stderr)
-        return Exit.USAGE
+        return said_problems(name, family.fields, e.problems)
     if getattr(args, "plan", False):
         doc, lines = family.flags.explain(settings)
         print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))

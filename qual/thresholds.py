@@ -249,12 +249,20 @@ def family_table(fam: Family, given: dict, *, base: dict | None = None,
     """A workload family's settings from plain values (command-line flags, tests) over a
     profile's already parsed table (base, if any), checked and completed with defaults as a
     profile's would be; ProfileError lists every problem."""
-    family = fam.name
+    return field_table(fam.fields, given, prefix=fam.name, base=base, label=label,
+                       check=fam.check)
+
+
+def field_table(fields: tuple[Field, ...], given: dict, *, prefix: str,
+                base: dict | None = None, label: str = "flags", check=None) -> Settings:
+    """Settings of `fields` from plain values over a parsed table (base), completed with the
+    fields' defaults and checked (`check(table)`: (key, problem) pairs); ProfileError lists
+    every problem."""
     problems: list[tuple[str, str, str]] = []
-    table = _merge(base or {}, parse_fields(fam.fields, given, label, family, problems))
-    complete(fam.fields, table, label, family, problems)
-    if not problems:
-        problems += [(label, f"{family}.{k}", p) for k, p in fam.check(table)]
+    table = _merge(base or {}, parse_fields(fields, given, label, prefix, problems))
+    complete(fields, table, label, prefix, problems)
+    if not problems and check is not None:
+        problems += [(label, f"{prefix}.{k}", p) for k, p in check(table)]
     if problems:
         raise ProfileError(problems)
     return Settings(table)

@@ -59,12 +59,15 @@ def test_io_human_line_names_backend_and_percentiles(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--bs", "4 parsecs"], "argument --bs: unknown unit 'parsecs'"),
-    (["--iodepth", "0"], "argument --iodepth: value 0 is outside"),
-    (["--runtime", "-1s"], "argument --runtime"),
-    (["--rw", "trim"], "argument --rw: invalid choice"),
-    (["--engine", "aio"], "argument --ioengine/--engine: invalid choice"),
-    (["--rwmixread", "x"], "argument --rwmixread: invalid int value"),
+    (["--bs", "4 parsecs"], "qual io: error: --bs: unknown unit 'parsecs'"),
+    (["--iodepth", "0"], "qual io: error: --iodepth: iodepth 0 is outside"),
+    (["--runtime=-1s"], "qual io: error: --runtime: "),
+    (["--rw", "trim"], "qual io: error: --rw: 'trim' is not one of read, randread"),
+    (["--engine", "aio"], "qual io: error: --ioengine: 'aio' is not one of auto"),
+    (["--rwmixread", "x"], "qual io: error: --rwmixread: rwmixread 'x' is not a whole number"),
+    (["--direct", "2"], "qual io: error: --direct: direct 2 is outside 0..1"),
+    (["--bs", "0", "--numjobs", "0"], "qual io: error: --bs: bs '0' must be at least 1 B\n"
+                                      "qual io: error: --numjobs: numjobs 0 is outside"),
 ])
 def test_io_flag_errors_before_any_io(tmp_path, args, message):
     proc = qual("io", "--target", str(tmp_path), *args)
@@ -75,8 +78,8 @@ def test_io_flag_errors_before_any_io(tmp_path, args, message):
 @pytest.mark.parametrize("args, message", [
     (["--bs", "1000", "--size", "8M"],
      "block size 1000 is not a multiple of the target's 512-byte logical block"),
-    (["--rw", "randrw", "--rwmixread", "101"], "read share 101 % is outside 0..100"),
-    (["--rw", "randread", "--rwmixread", "70"], "--rwmixread applies to rw and randrw"),
+    (["--rw", "randrw", "--rwmixread", "101"], "--rwmixread: rwmixread 101 is outside 0..100"),
+    (["--rw", "randread", "--rwmixread", "70"], "--rwmixread: applies to rw and randrw"),
 ])
 def test_io_job_errors_before_any_io(tmp_path, args, message):
     """A job's parameters the engine refuses are bad flags too: exit 2, as argparse's."""

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import errno
 import json
 
 from qual import command, engine, units, watchdog
 from qual.exits import Exit, ExitHelp, help_text
-from qual.errors import InvalidJob
-from qual.settings import duration, positive, size
+from qual.family import Field
+from qual.flags import add_field_flags, given
+from qual.thresholds import ProfileError, field_table
 
 
 RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
@@ -16,7 +16,34 @@ RW = {"read": ("read", "sequential"), "randread": ("read", "random"),
       "rw": ("mixed", "sequential"), "randrw": ("mixed", "random")}
 
 
-DEFAULT_COMMAND_TIMEOUT_S = watchdog.DEFAULT_COMMAND_TIMEOUT_S
+# the job's settings, as fio spells them: the flags come from these fields, as a family's do
+# (qual.flags), and are parsed by them (qual.settings)
+FIELDS = (
+    Field("rw", "choice", default="randread", choices=tuple(RW), help="the pattern, as fio's rw"),
+    Field("rwmixread", "count", minimum=0, maximum=100,
+          help="rw/randrw: per cent of I/Os that read (default 50, as in fio)"),
+    Field("bs", "size", default="4k", help="block size"),
+    Field("iodepth", "count", default=1, help="I/Os in flight per job"),
+    Field("numjobs", "count", default=1, help="workers, each a thread with its own ring"),
+    Field("submit_batch", "count", default=1, minimum=0, flag="--iodepth_batch_submit",
+          aliases=("--iodepth_batch",), help="I/Os per submission syscall, 0 for all ready "
+                                             "(fio's default 1: each I/O at once)"),
+    Field("size", "size", default="1G", help="region size; without --runtime also the bytes "
+                                             "to move"),
+    Field("offset", "size", minimum=0, help="region start (default 0)"),
+    Field("runtime", "duration", help="time bound (default none: --size is moved)"),
+    Field("direct", "count", default=1, minimum=0, maximum=1,
+          help="1: O_DIRECT; 0: through the page cache"),
+    Field("engine", "choice", default="auto", choices=engine.BACKENDS, flag="--ioengine",
+          aliases=("--engine",), help="I/O backend (fio's ioengine); auto: io_uring where "
+                                      "available"),
+    Field("seed", "count", default=1, minimum=0, help="seed of random offsets and write data"),
+    Field("keep", "bool", default=False,
+          help="keep the scratch file qual made for the job (a later job reuses it instead of "
+               "filling it again)"),
+    Field("command_timeout", "duration", default=f"{watchdog.DEFAULT_COMMAND_TIMEOUT_S:g}s",
+          help="an I/O outstanding this long is a stall, and the command ends with it (NVMe's)"),
+)
 
 
 def add(sub, families: dict) -> None:
@@ -29,68 +56,43 @@ def add(sub, families: dict) -> None:
                                          (Exit.USAGE, "a bad flag or job, before any I/O"),
                                          Exit.INTERRUPTED),
                         formatter_class=ExitHelp)
-    io.add_argument("--target", default=None,
-                    help="file, directory or block device (default: .qual/target.dat)")
-    io.add_argument("--rw", choices=list(RW), default="randread",
-                    help="the pattern, as fio's rw (default randread)")
-    io.add_argument("--rwmixread", type=int, default=None, metavar="PERCENT",
-                    help="rw/randrw: per cent of I/Os that read (default 50, as in fio)")
-    io.add_argument("--bs", type=size, default=4096,
-                    help="block size: 4k, 128K, 1M (default 4k)")
-    io.add_argument("--iodepth", type=positive, default=1,
-                    help="I/Os in flight per job (default 1)")
-    io.add_argument("--numjobs", type=positive, default=1,
-                    help="workers, each a thread with its own ring (default 1)")
-    io.add_argument("--iodepth_batch_submit", "--iodepth_batch", dest="submit_batch", type=int,
-                    default=1, help="I/Os per submission syscall, 0 for all ready (fio's "
-                                    "default 1: each I/O at once)")
-    io.add_argument("--size", type=size, default=1 << 30,
-                    help="region size; without --runtime also the bytes to move (default 1G)")
-    io.add_argument("--offset", type=size, default=None, help="region start (default 0)")
-    io.add_argument("--runtime", type=duration, default=None, help="time bound (10s, 500ms)")
-    io.add_argument("--direct", type=int, choices=(0, 1), default=1,
-                    help="1: O_DIRECT (default); 0: through the page cache")
-    io.add_argument("--ioengine", "--engine", dest="engine", choices=engine.BACKENDS,
-                    default="auto", help="I/O backend (fio's ioengine): io_uring, psync, or "
-                                         "auto (io_uring where available)")
-    io.add_argument("--seed", type=int, default=1,
-                    help="seed of random offsets and write data (default 1)")
-    io.add_argument("--keep", action="store_true",
-                    help="keep the scratch file qual made for the job (a later job reuses it "
-                         "instead of filling it again)")
-    io.add_argument("--command-timeout", type=duration, default=DEFAULT_COMMAND_TIMEOUT_S,
-                    help="an I/O outstanding this long is a stall, and the command ends with "
-                         "it (default 30s, NVMe's)")
-    io.add_argument("--json", action="store_true", help="print a JSON document")
-    io.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    io.add_argument("--allow-destructive", action="store_true",
-                    help="allow writes to a block device (the safety guard still applies)")
-    io.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
+    command.add_target_flags(io, ".qual/target.dat")
+    add_field_flags(io, FIELDS)
     io.set_defaults(handler=handle)
 
 
 def handle(args, extra: list[str], families: dict) -> int:
-    with command.watched("io", args.target, args.command_timeout):
-        return cmd_io(args)
+    try:
+        job = field_table(FIELDS, given(args, FIELDS), prefix="io", check=_check)
+    except ProfileError as e:
+        return command.said_problems("io", FIELDS, e.problems)
+    with command.watched("io", args.target, job.command_timeout):
+        return cmd_io(args, job)
 
 
-def cmd_io(args) -> int:
-    op, pattern = RW[args.rw]
-    if args.rwmixread is not None and op != "mixed":
-        raise InvalidJob(errno.EINVAL, f"--rwmixread applies to rw and randrw, not {args.rw}")
+def _check(job: dict) -> list[tuple[str, str]]:
+    if "rwmixread" in job and RW[job["rw"]][0] != "mixed":
+        return [("rwmixread", f"applies to rw and randrw, not {job['rw']}")]
+    return []
+
+
+def cmd_io(args, settings) -> int:
+    op, pattern = RW[settings.rw]
     target = command.open_target(args.target, args)
+    bs = settings.bs
     # as in fio, a job without a runtime moves --size, rounded down to whole blocks
-    whole = args.size - args.size % args.bs if args.bs > 0 else args.size
-    job = target.job(op=op, pattern=pattern, block_size=args.bs, queue_depth=args.iodepth,
-                     workers=args.numjobs, submit_batch=args.submit_batch,
-                     offset=args.offset or 0, size=args.size,
-                     bytes=whole if args.runtime is None else None, runtime=args.runtime,
-                     seed=args.seed, backend=args.engine, direct=bool(args.direct),
-                     rwmixread=50 if args.rwmixread is None else args.rwmixread,
-                     command_timeout=args.command_timeout)
+    whole = settings.size - settings.size % bs
+    runtime = settings.get("runtime")
+    job = target.job(op=op, pattern=pattern, block_size=bs, queue_depth=settings.iodepth,
+                     workers=settings.numjobs, submit_batch=settings.submit_batch,
+                     offset=settings.get("offset", 0), size=settings.size,
+                     bytes=whole if runtime is None else None, runtime=runtime,
+                     seed=settings.seed, backend=settings.engine, direct=bool(settings.direct),
+                     rwmixread=settings.get("rwmixread", 50),
+                     command_timeout=settings.command_timeout)
     say = command.Reporter("io", args.quiet)
-    result = command.on_target(target, lambda t: _run_io(t.prepare(job), args, say),
-                               say=say.say, keep=args.keep)
+    result = command.on_target(target, lambda t: _run_io(t.prepare(job), settings.rw, args, say),
+                               say=say.say, keep=settings.keep)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -98,13 +100,13 @@ def cmd_io(args) -> int:
     return Exit.PASS
 
 
-def _run_io(job: engine.IoJob, args, say: command.Reporter) -> engine.IoResult:
+def _run_io(job: engine.IoJob, rw: str, args, say: command.Reporter) -> engine.IoResult:
     """The job, with progress on stderr (at most a line every 10 s; not with -q) and an ETA
     from its time bound or its byte bound."""
     def progress(done: int, ops: int, seconds: float) -> None:
         rate = units.format_quantity(done / seconds, dimension="bandwidth") if seconds else "-"
         share = seconds / job.runtime if job.runtime else done / job.bytes if job.bytes else None
-        say(f"{args.rw}: {units.format_size(done)} moved ({rate})",
+        say(f"{rw}: {units.format_size(done)} moved ({rate})",
             None if share is None else min(share, 0.99))
 
     try:
