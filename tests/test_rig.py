@@ -17,7 +17,7 @@ import pytest
 from qual import shipped
 from qual.plan import cpu_share, time_limit
 from qual.plugin.progress import Eta, Inner
-from qual.plugin.session import STALL_NOTE
+from qual.plugin.records import STALL_NOTE
 from qual.targets import Target
 from qual.thresholds import family_table
 from qual.workloads import bandwidth

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from qual import report
 from qual.plan import CALIBRATION_LIMITS
 from qual.units import format_duration
 
@@ -140,3 +141,30 @@ class Console:
         """pytest's capture set aside, for what a person must see now."""
         capture = self.config.pluginmanager.get_plugin("capturemanager")
         return capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+
+
+def drive_summary(record: dict, path, stored: str) -> list[tuple[str, dict]]:
+    """What the terminal says of a drive's record as its run ends (or stops on a stall): its
+    verdict lines, where it ran, its counts, what was not verified or decided, its caveats,
+    its verdict with the record's path, and where it was stored; each line with its markup
+    (pytest's terminal writer's colours)."""
+    s = record["summary"]
+    lines = [(line, {}) for line in report.summary_lines(record)]
+    ran = report.placement(record)
+    if ran:
+        lines.append((f"ran {ran}", {}))
+    lines.append((f"{s['measurements']} measurements ({s['informational']} informational), "
+                  f"{s['checks_passed']} checks passed, {s['checks_failed']} failed, "
+                  f"{s['tests_broken']} tests broken", {}))
+    warn = {"yellow": True}
+    lines += [(f"UNVERIFIED: {why}", warn) for why in s.get("unverified", ())]
+    lines += [(line if line.startswith("INCONCLUSIVE") else  # a verdict's line says so itself
+               f"INCONCLUSIVE against the baseline: {line}", warn)
+              for line in s.get("inconclusive", ())]
+    lines += [(f"CAVEAT: {caveat}", warn) for caveat in s.get("caveats", ())]
+    if record.get("interrupted"):
+        lines.append((f"interrupted: {record['interrupted']}", warn))
+    lines.append((f"verdict: {s['verdict']}    run record: {path}",
+                  {"bold": True, "red": s["verdict"] != "PASS", "green": s["verdict"] == "PASS"}))
+    lines.append((stored, {"yellow": stored.startswith("not stored")}))
+    return lines

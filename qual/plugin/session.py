@@ -16,17 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from qual import engine, report, store, thresholds, watchdog
+from qual import report, store, thresholds, watchdog
 from qual.errors import QualError
 from qual.plan import Plan, Selected, make_plan
 from qual.targets.filesystem import (OPTIONS as MKFS_OPTIONS, QualFilesystem, erase_leftover,
                                    private_mounts)
 from qual.exits import Exit, of_verdicts
 from qual.plugin.journal import JOURNAL_NAME, Journal
-from qual.plugin.progress import Console, Eta
+from qual.plugin.progress import Console, Eta, drive_summary
+from qual.plugin.records import RecordWriter, Stopped
+from qual.plugin.stalls import StallHandler
 from qual.plugin.recorder import Judging, PAYLOAD, Recorder
-from qual.record import (Baseline, drive_model, qual_version, LAST_RECORD, RECORD_NAME, rig_label,
-                         RunRecord, summarize, TestResult, write_record)
+from qual.record import Baseline, LAST_RECORD, RunRecord, TestResult, drive_model, qual_version
 from qual.measurement import Measurement
 from qual.targets import DEFAULT_TARGET, Target, drive_label, drive_status
 from qual.workloads import registry
@@ -39,7 +40,6 @@ DEPARTED = "qual_device_gone"
 QUAL_FIXTURES = {"target", "record"}
 DRIVE_GROUP = "drive:"  # xdist group of every test that touches one drive
 PLUGIN_FLAGS = ("--qual-allow-destructive", "--qual-confirm-serial")  # the guard's refusals
-STALL_NOTE = ".stalled.json"  # beside a drive's record: a worker found it stopped (xdist)
 GONE_SETTLE_S = 2.0  # how long a drive that broke a test is asked again whether it is gone
 
 
@@ -73,12 +73,14 @@ class QualSession:
         if len(set(specs)) != len(specs):
             raise pytest.UsageError("--qual-target: a drive is named twice")
         self.target_specs: list[str] = specs
-        self.results_dir = Path(opt.qual_results)
+        alluredir = getattr(opt, "allure_report_dir", None)
+        self.writer = RecordWriter(self.profile, Path(opt.qual_results), specs,
+                                   seed=opt.qual_seed, store_url=opt.qual_store,
+                                   alluredir=Path(alluredir) if alluredir else None)
         try:  # a store named wrongly is refused before any I/O; one that is down, at the end
             store.check_url(opt.qual_store)
         except store.StoreError as e:  # as `qual run --store` and every command say it
             pytest.exit(f"--qual-store: {e}", returncode=Exit.USAGE)
-        self.stored: dict[str, str] = {}  # each drive's line: stored in ..., or not stored: why
         # a worker xdist started in place of one whose drive stopped answering never touches
         # that drive again (a stat of it may never return)
         self.abandoned = {spec for spec in specs if not self.controller and
@@ -123,13 +125,13 @@ class QualSession:
         self.tests: dict[str, TestResult] = {}
         self.targets_reported: dict[str, dict] = {}
         self.records: dict[str, tuple[Path, dict]] = {}
-        self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.plans: dict[str, Plan] = {}
         self.caveats: dict[str, dict[str, str]] = {}  # drive -> family -> what --qual-fit did
         self.refused: str | None = None
         self.deselected: list = []  # by -k/-m: their families' criteria are `not selected`
         self.eta = Eta()
         self.console = Console(config, self.worker)
+        self.stalls = StallHandler(self.writer, self.worker, self._show)
         self.progress, self.say = self.console.progress, self.console.say
         self.distributed = bool(getattr(opt, "numprocesses", None))
         self._held: set[str] = set()
@@ -187,7 +189,7 @@ class QualSession:
         self.measurements[spec] = [Measurement.from_dict(m) for t in journal.tests.values()
                                    for m in t["measurements"]]
         self.targets_reported[spec] = journal.header["target"]
-        self.started = journal.header["started"]
+        self.writer.started = journal.header["started"]
         # noted as resumed (when, and what it kept) once a test of this run ends
         self._kept[spec] = (len(journal.tests), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         return journal
@@ -427,7 +429,7 @@ class QualSession:
             profile = self.profile.as_dict()
             journal.header = {"run_id": uuid.uuid4().hex,
                               "profile": {k: profile[k] for k in ("name", "digest")},
-                              "qual_version": qual_version(), "started": self.started,
+                              "qual_version": qual_version(), "started": self.writer.started,
                               "target": self.targets_reported.get(spec, {"spec": spec}),
                               "run": {"profile": self.config.option.qual_profile,
                                       "targets": self.config.option.qual_target or []}}
@@ -509,67 +511,42 @@ class QualSession:
             self.stop_for_stall(item, str(error))
 
     def stop_for_stall(self, item, stall: str) -> None:
-        """The test that stalled is ERROR, every later test on its target is skipped for it,
-        the record and the Allure results are written (neither lives on the target), and the
-        run ends with exit 1, touching the target no more. Under xdist only this worker
-        ends (`_worker_stalled`): the other drives run on."""
-        said = f"Stalled: {stall}"
+        """The run stops on the stalled test's drive: the stall handler (qual.plugin.stalls)
+        is given that test and the drive's later ones; under xdist only this worker ends."""
         spec = self.spec_of(item) if item is not None else self.target_specs[0]
         if self.worker is not None:
-            self._worker_stalled(item, spec, said)
+            test = item.nodeid.split(f"@{DRIVE_GROUP}")[0] if item is not None else None
+            self.stalls.worker_stalled(spec, test, f"Stalled: {stall}")
         later = self.items[self.items.index(item) + 1:] if item in self.items else []
-        stopped = [(item, "broken", said)] if item is not None else []
-        stopped += [(it, "skipped", f"not run: {spec} stopped answering ({said})")
+        stopped = [(item, "broken", f"Stalled: {stall}")] if item is not None else []
+        stopped += [(it, "skipped", f"not run: {spec} stopped answering (Stalled: {stall})")
                     for it in later if self.spec_of(it) == spec]
-        for it, outcome, message in stopped:
-            entry = self.tests.setdefault(it.nodeid, TestResult(
-                it.nodeid, spec, where=self.where(spec, self.family_of(it))))
-            entry.outcome, entry.message = outcome, message
-        lines = [f"qual: {said}", f"qual: {len(stopped) - 1} later test(s) on {spec} skipped; "
-                 "the storage was not touched again (`qual clean` removes what the run left "
-                 "there, once it answers)"]
         drives = [name for name in self.target_specs
                   if name in {self.spec_of(it) for it in self.items} and
-                  any(t.drive == name for t in self.tests.values())]
-        stalled = {"test": item.nodeid if item else None, "what": stall}
-        for spec, (path, record) in self.write_records(
-                drives, stalled=lambda _: stalled, stopped=stopped).items():
-            lines += report.summary_lines(record)
-            lines.append(f"verdict: {record['summary']['verdict']}    run record: {path}")
-            lines.append(self.stored[spec])
+                  any(t.drive == name for t in self.tests.values()) or name == spec]
+        self.stalls.stop(spec, stall, [
+            Stopped(it.nodeid, it.name, self.family_of(it), spec, outcome, message,
+                    where=self.where(spec, self.family_of(it)))
+            for it, outcome, message in stopped], self.tests,
+            lambda note, stopped: self.write_records(drives, stalled=lambda _: note,
+                                                     stopped=stopped))
+
+    def _show(self, lines: list[tuple[str, dict]]) -> None:
+        """Lines for the person running qual now, past pytest's capture and its terminal's
+        place (a stall's: the run ends after them)."""
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         with self.console.uncaptured():
-            for line in ["", *lines]:
+            for line, markup in lines:
                 if tr is not None:
-                    tr.write_line(line, red=line.startswith("qual: Stalled"))
+                    tr.write_line(line, **markup)
                 else:
                     print(line, file=sys.__stdout__)
-        watchdog.kill_descendants()
-        watchdog.exit_now(Exit.FAIL)
-
-    # ---- one drive of a rig stops (xdist): it fails alone
 
     def stall_note(self, spec: str) -> Path:
-        """Where a worker says that a drive stopped answering: beside the drive's record."""
-        return self.record_path(spec).with_name(STALL_NOTE)
+        return self.writer.stall_note(spec)
 
     def stalled_note(self, spec: str) -> dict | None:
-        with contextlib.suppress(OSError, ValueError):
-            return json.loads(self.stall_note(spec).read_text())
-        return None
-
-    def _worker_stalled(self, item, spec: str, said: str) -> None:
-        """A worker's drive stopped answering: the worker notes it (for the controller, which
-        records the test ERROR and the drive `stalled`, and for the worker xdist starts in its
-        place, which skips the drive's other tests without touching it) and ends at once, its
-        own thread being stuck in the kernel; the workers of the other drives run on."""
-        test = item.nodeid.split(f"@{DRIVE_GROUP}")[0] if item is not None else None
-        write_record(self.stall_note(spec), {"drive": spec, "test": test,
-                                             "what": said, "worker": self.worker})
-        print(f"[{self.worker}] qual: {said}; {spec}'s other tests are skipped, the other "
-              "drives run on", file=sys.__stderr__, flush=True)
-        watchdog.kill_descendants()
-        watchdog.exit_now(Exit.FAIL)
+        return self.writer.stalled(spec)
 
     def make_plan(self, spec: str, selected: list[Selected]) -> Plan:
         target = self.open_target(spec)
@@ -664,23 +641,11 @@ class QualSession:
         return None
 
     def build_record(self, spec: str) -> RunRecord:
-        target = self.targets_reported.get(spec) or {"spec": spec}
-        tests = [t for t in self.tests.values() if t.drive == spec]
-        backends = sorted({b for t in tests for m in t.measurements
-                           if (b := Measurement.from_dict(m).backend)})
-        baseline = self.baselines.get(spec)
-        return RunRecord(
-            target=target, profile=self.profile.as_dict(),
-            engine={"io_uring": engine.io_uring_status() or "available",
-                    "backends_used": backends},
-            tests=tests, summary=summarize(tests, self.profile, target.get("plan")),
-            started=self.started,
-            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seed=self.config.option.qual_seed,
-            baseline=str(baseline.path) if baseline else None, plan=target.get("plan"),
-            resumed=self.journals[spec].header.get("resumed"),
-            run_id=self.journals[spec].header.get("run_id") or uuid.uuid4().hex,
-            rig=rig_label(),
-            device_gone=self.departed.get(spec))
+        return self.writer.build(spec, [t for t in self.tests.values() if t.drive == spec],
+                                 target=self.targets_reported.get(spec),
+                                 baseline=self.baselines.get(spec),
+                                 journal=self.journals[spec].header,
+                                 departed=self.departed.get(spec))
 
     def _run_settings(self, opt) -> None:
         """A family's settings a rig gives for this run (a field's `run_flag`: the power-cut
@@ -703,11 +668,7 @@ class QualSession:
                     raise pytest.UsageError(f"{f.run_flag} {value}: {e}") from None
 
     def record_path(self, spec: str) -> Path:
-        """results/qual-run.json; with several drives, results/<drive>/qual-run.json."""
-        if len(self.target_specs) == 1:
-            return self.results_dir / RECORD_NAME
-        slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in spec.strip("/"))
-        return self.results_dir / (slug or "drive") / RECORD_NAME
+        return self.writer.path(spec)
 
     def pytest_sessionfinish(self, session):
         # Ctrl-C: a record says so beside the verdict, even one whose first test never ended
@@ -741,61 +702,21 @@ class QualSession:
 
     def write_records(self, drives: list[str], *, stalled=lambda spec: None,
                       interrupted: str | None = None,
-                      stopped: list | None = None) -> dict[str, tuple[Path, dict]]:
-        """Each drive's run record and its Allure summary, the one way both the normal end and
-        a stall write them: the record (durably), the drive's summary in Allure's globals, the
-        Allure results of the tests a stall `stopped` (item, outcome, message), and the
-        report's metadata over every record written. Returns {drive: (path, record)}."""
-        alluredir = getattr(self.config.option, "allure_report_dir", None)
-        written = {}
+                      stopped: list[Stopped] = ()) -> dict[str, tuple[Path, dict]]:
+        """Each drive's run record, written by the session's RecordWriter: the normal end's
+        and a stall's alike (`stalled(drive)`: where the drive stopped answering)."""
+        runs = {}
         for spec in drives:
-            run = self.build_record(spec)
-            run.stalled, run.interrupted = stalled(spec), interrupted
-            record = run.as_dict()
-            path = self.record_path(spec)
-            write_record(path, record)
-            written[spec] = (path, record)
-            self.stored[spec] = store.store_record(record, self.config.option.qual_store)
-            if alluredir:
-                drive = self.drive_label_of(record, spec)
-                if stopped:
-                    report.write_stopped_results(Path(alluredir), [
-                        (it.nodeid, it.name, self.family_of(it), outcome, message)
-                        for it, outcome, message in stopped if self.spec_of(it) == spec], drive)
-                report.write_summary_globals(Path(alluredir), record, drive=drive)
-        if alluredir and written:
-            report.write_allure_metadata(Path(alluredir), [r for _, r in written.values()])
-        return written
-
-    def drive_label_of(self, record: dict, spec: str) -> str:
-        return drive_label(record["target"].get("identity"), spec,
-                           several=len(self.target_specs) > 1)
+            runs[spec] = self.build_record(spec)
+            runs[spec].stalled, runs[spec].interrupted = stalled(spec), interrupted
+        return self.writer.write(runs, stopped)
 
     def pytest_terminal_summary(self, terminalreporter):
         tr = terminalreporter
         for spec, (path, record) in self.records.items():
-            tr.section(f"qual: {self.profile.name} on {self.drive_label_of(record, spec)}")
-            for line in report.summary_lines(record):
-                tr.write_line(line)
-            ran = report.placement(record)
-            if ran:
-                tr.write_line(f"ran {ran}")
-            s = record["summary"]
-            tr.write_line(f"{s['measurements']} measurements ({s['informational']} informational), "
-                          f"{s['checks_passed']} checks passed, {s['checks_failed']} failed, "
-                          f"{s['tests_broken']} tests broken")
-            for why in s.get("unverified", ()):
-                tr.write_line(f"UNVERIFIED: {why}", yellow=True)
-            for line in s.get("inconclusive", ()):  # a verdict's line says so itself
-                tr.write_line(line if line.startswith("INCONCLUSIVE") else
-                              f"INCONCLUSIVE against the baseline: {line}", yellow=True)
-            for caveat in s.get("caveats", ()):
-                tr.write_line(f"CAVEAT: {caveat}", yellow=True)
-            if record.get("interrupted"):
-                tr.write_line(f"interrupted: {record['interrupted']}", yellow=True)
-            tr.write_line(f"verdict: {s['verdict']}    run record: {path}",
-                          bold=True, red=s["verdict"] != "PASS", green=s["verdict"] == "PASS")
-            tr.write_line(self.stored[spec], yellow=self.stored[spec].startswith("not stored"))
+            tr.section(f"qual: {self.profile.name} on {self.writer.label(record, spec)}")
+            for line, markup in drive_summary(record, path, self.writer.stored[spec]):
+                tr.write_line(line, **markup)
 
 
 def short_message(report) -> str:
