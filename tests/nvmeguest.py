@@ -474,9 +474,22 @@ class Guest:
                          property="smart_critical_warning", value=bits)
 
     def pull(self, drive: int, timeout: float = 60) -> None:
-        """The controller leaves the bus (a hot removal from its slot), awaited."""
-        self.qmp.execute("device_del", id=f"ctrl{drive}")
-        self.qmp.wait_event("DEVICE_DELETED", timeout, device=f"ctrl{drive}")
+        """The controller leaves the bus (a hot removal from its slot), awaited until QEMU
+        holds it no more (its ID free for a plug), not only until a DEVICE_DELETED: one left
+        queued by an earlier removal would end the wait at once, and a plug, or a second
+        removal (the guest takes a second press of the slot's button as a cancel), would meet
+        the controller still there."""
+        name = f"ctrl{drive}"
+        self.qmp.events = [e for e in self.qmp.events if not (
+            e["event"] == "DEVICE_DELETED" and e.get("data", {}).get("device") == name)]
+        deadline = time.monotonic() + timeout
+        self.qmp.execute("device_del", id=name)
+        self.qmp.wait_event("DEVICE_DELETED", timeout, device=name)
+        while name in {p["name"] for p in self.qmp.execute("qom-list",
+                                                            path="/machine/peripheral")}:
+            if time.monotonic() > deadline:
+                raise QmpError(f"{name} still held by QEMU {timeout} s after device_del")
+            time.sleep(0.1)
 
     def plug(self, drive: int, timeout: float = 60) -> None:
         """A pulled single-namespace controller back in its slot, over the same node (the same
