@@ -3,8 +3,8 @@
 Each command is a module of qual.commands that owns its parser, its handler and its exit
 statuses' help: `io` (one fio-like job), `run` (the suites, a thin wrapper over pytest),
 `report` (the HTML report), `compare` (firmware gating), `accept`, `history` and `store` (the
-results store), `profiles` and `clean`; one subcommand per workload family comes from
-qual.command. This module only builds the parser from them and dispatches."""
+results store), `profiles` and `clean`, and one subcommand per workload family (`family`).
+This module only builds the parser from them and dispatches."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import argparse
 import os
 import sys
 
-from qual import command, engine, flags, watchdog
-from qual.commands import compare, io, population, profiles, report, run
+from qual import engine, flags, watchdog
+from qual.commands import compare, family, io, population, profiles, report, run
 from qual.errors import InvalidJob, NotApplicable, QualError, Refused
 from qual.exits import Exit
 from qual.workloads import registry
@@ -39,9 +39,7 @@ def _parser(families: dict, only: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     io.add(sub, families)
     run.add(sub, families)
-    for family in families.values():
-        if family.run is not None and only in (None, family.subcommand):
-            command.add_parser(sub, family)
+    family.add(sub, families, only)
     for each in (report, compare, population, profiles):
         each.add(sub, families)
     return p
@@ -73,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"{word.split('=')[0]} was renamed: use {was[word.split('=')[0]]}")
         said.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if hasattr(args, "family"):
-            return command.run(args, families)
         return args.handler(args, extra, families)
     except NotApplicable as e:  # nothing of the run applies here: refused before any I/O
         print(f"qual {args.command}: not applicable: {e}", file=sys.stderr)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from qual import cli, command, settings
+from qual import cli, settings
+from qual.commands import family as command
 from qual.family import Field
 from qual.flags import UNITS, field_flags, flag_fields
 from qual.workloads import registry

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from testbed import TINY_ALL, TINY_PROFILE, load_record, needs_root, run_suite
 
-from qual import cli, command, engine
+from qual import cli, engine
+from qual.commands import family as command
 from qual.engine import Fault, InvalidJob, SampleReader
 from qual.targets import Target
 from qual.thresholds import ProfileError, family_table

@@ -9,59 +9,30 @@ import sys
 import time
 import uuid
 
-from qual import engine, store, units, watchdog
+from qual import engine, store, watchdog
+from qual.commands.target import (Reporter, add_target_flags, on_target, open_target,
+                                  said_problems, watched)
 from qual.family import Family
 from qual.exits import Exit, ExitHelp, help_text, of_verdicts
 from qual.judge import judge
 from qual.record import RunRecord, TestResult, rig_label, summarize
-from qual.targets import DEFAULT_TARGET, Target
+from qual.targets import Target
 from qual.thresholds import ProfileError, family_table, load_profile
-from qual.flags import add_field_flags, claimed, field_flags, flag_fields, flag_name, given
-from qual.plugin.progress import INNER_INTERVAL_S, Inner
+from qual.flags import add_field_flags, claimed, given
 from qual.settings import described, duration
 
 
-class Reporter:
-    """Progress on stderr with the share done and an ETA where the family says how far it
-    is: the first line at once, then at most one every 10 s (the rig-scale rule; on a terminal
-    one line rewritten in place), the last one held back shown when the run ends; silent with
-    -q. `say` is for the command's own lines, shown at once. The ETA is paced from the first
-    share reported, so set-up before it (a dataset generated, a store built) does not skew
-    it."""
+def add(sub, families: dict[str, Family], only: str | None = None) -> None:
+    """A subcommand per family that runs from the command line; with `only` (the command a
+    command line names), that family's alone: their generated flags are most of qual's
+    parser's cost."""
+    for family in families.values():
+        if family.run is not None and only in (None, family.subcommand):
+            add_parser(sub, family)
 
-    def __init__(self, command: str, quiet: bool, interval: float = INNER_INTERVAL_S):
-        self.command, self.quiet = command, quiet
-        self.started = time.monotonic()
-        self.first: tuple[float, float] | None = None  # (time, share) of the first share
-        terminal = sys.stderr.isatty()
-        self.paced = Inner(self.say, self._rewrite if terminal else None,
-                           lambda: print(file=sys.stderr, flush=True), interval=interval)
 
-    def __call__(self, message: str, done: float | None = None) -> None:
-        if self.quiet:
-            return
-        now = time.monotonic()
-        where = f"{units.format_duration(now - self.started)} elapsed"
-        if done is not None and done < 1:
-            if self.first is None:
-                self.first = (now, done)
-            t0, d0 = self.first
-            if done > d0:
-                where += f", ETA {units.format_duration((now - t0) * (1 - done) / (done - d0))}"
-        share = f"[{done * 100:3.0f} %] " if done is not None else ""
-        self.paced(f"{share}{message} ({where})")
-
-    def say(self, line: str) -> None:
-        if not self.quiet:
-            print(f"qual {self.command}: {line}", file=sys.stderr, flush=True)
-
-    def _rewrite(self, line: str) -> None:
-        print(f"\r\x1b[Kqual {self.command}: {line}", end="", file=sys.stderr, flush=True)
-
-    def done(self) -> None:
-        """The run ended: the line in place finished, or the last line held back shown."""
-        if not self.quiet:
-            self.paced.close()
+def handle(args, extra: list[str], families: dict[str, Family]) -> int:
+    return run(args, families)
 
 
 def add_parser(sub, family: Family) -> None:
@@ -78,7 +49,7 @@ def add_parser(sub, family: Family) -> None:
                            Exit.INCONCLUSIVE, (Exit.INCOMPLETE, "INCOMPLETE: a criterion not "
                                                                 "judged"), Exit.INTERRUPTED),
                        formatter_class=ExitHelp)
-    p.set_defaults(family=family)
+    p.set_defaults(family=family, handler=handle)
     add_target_flags(p, "under .qual/")
     p.add_argument("--profile", default=None, metavar="NAME|FILE",
                    help=f"take the [{family.name}] table from this profile (flags override it) "
@@ -104,31 +75,6 @@ def add_parser(sub, family: Family) -> None:
                             "is touched)")
 
 
-def add_target_flags(p, default: str) -> None:
-    """The flags of every command that runs on a target: the target (`default`: where qual
-    makes its scratch file without one), the guard's two, --json and -q."""
-    p.add_argument("--target", default=None,
-                   help=f"file, directory or block device (default: {default})")
-    p.add_argument("--json", action="store_true", help="print a JSON document")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--allow-destructive", action="store_true",
-                   help="allow writes to a block device (the safety guard still applies)")
-    p.add_argument("--confirm-serial", default=None, help="serial of the device to overwrite")
-
-
-def said_problems(name: str, fields, problems) -> int:
-    """Each problem of a command's settings on its own line, a flag's by the flag a user
-    typed (`qual NAME: error: --bs: …`), a profile's by file and key: a usage error, before
-    anything is touched."""
-    by_key = dict(flag_fields(fields))
-    for where, key, problem in problems:
-        leaf = key.split(".", 1)[1] if "." in key else None
-        shown = (field_flags(leaf, by_key[leaf])[0] if leaf in by_key else flag_name(leaf)) \
-            if where == "flags" and leaf else f"{where}:{key}"
-        print(f"qual {name}: error: {shown}: {problem}", file=sys.stderr)
-    return Exit.USAGE
-
-
 def _settings(family: Family, args, profile):
     """The family's settings: the profile's table (if any) with the flags over it. Wrong
     flags are said per flag, before anything is touched."""
@@ -143,20 +89,6 @@ def _settings(family: Family, args, profile):
     return family_table(family, flags, base=base, label="flags")
 
 
-def watched(name: str, target: str | None, command_timeout: float) -> watchdog.Watchdog:
-    """A watchdog over a command on a target (docs/ARCHITECTURE.md §4): when a call on the
-    storage does not return, it says which and ends the command with exit 1 from its own
-    thread, touching the target no more (`qual clean` removes what was left, later)."""
-    def stalled(stall: watchdog.Stall) -> None:
-        print(f"qual {name}: error: Stalled: {stall}", file=sys.stderr)
-        print(f"qual {name}: nothing more was done on {target or DEFAULT_TARGET}; what this "
-              "command made there stays until `qual clean` removes it, once the storage "
-              "answers", file=sys.stderr)
-        watchdog.kill_descendants()
-        watchdog.exit_now(Exit.FAIL)
-    return watchdog.watching(command_timeout, stalled)
-
-
 def _has_timeout_field(family: Family) -> bool:
     return any(f.name == "command_timeout" for f in family.fields)
 
@@ -166,30 +98,6 @@ def _command_timeout(family: Family, args, settings) -> float:
     if _has_timeout_field(family):
         return settings["command_timeout"]
     return args.command_timeout or watchdog.DEFAULT_COMMAND_TIMEOUT_S
-
-
-def on_target(target: Target, work, *, say, keep: bool, lock: bool = True, remove=None):
-    """The one path every command takes on a target once it is opened (the guard's flags
-    given): locked (unless others share it, or it is only read), the work run, what it made
-    removed afterwards unless kept (`remove(target)` first: a family's own files), and each
-    removal said."""
-    if lock:
-        target.lock()
-    try:
-        return work(target)
-    finally:
-        if remove and not keep:
-            remove(target)
-        if lock:
-            target.unlock()
-        if not keep:
-            for path in target.cleanup():
-                say(f"removed {path} (--keep keeps it)")
-
-
-def open_target(spec: str | None, args) -> Target:
-    return Target(spec, allow_destructive=args.allow_destructive,
-                  confirm_serial=args.confirm_serial)
 
 
 def _run_on(family: Family, args, settings, say: Reporter, keep: bool):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from qual import command, engine, units, watchdog
+from qual import engine, units, watchdog
+from qual.commands.target import (Reporter, add_target_flags, on_target, open_target,
+                                  said_problems, watched)
 from qual.exits import Exit, ExitHelp, help_text
 from qual.family import Field
 from qual.flags import add_field_flags, given
@@ -56,7 +58,7 @@ def add(sub, families: dict) -> None:
                                          (Exit.USAGE, "a bad flag or job, before any I/O"),
                                          Exit.INTERRUPTED),
                         formatter_class=ExitHelp)
-    command.add_target_flags(io, ".qual/target.dat")
+    add_target_flags(io, ".qual/target.dat")
     add_field_flags(io, FIELDS)
     io.set_defaults(handler=handle)
 
@@ -65,8 +67,8 @@ def handle(args, extra: list[str], families: dict) -> int:
     try:
         job = field_table(FIELDS, given(args, FIELDS), prefix="io", check=_check)
     except ProfileError as e:
-        return command.said_problems("io", FIELDS, e.problems)
-    with command.watched("io", args.target, job.command_timeout):
+        return said_problems("io", FIELDS, e.problems)
+    with watched("io", args.target, job.command_timeout):
         return cmd_io(args, job)
 
 
@@ -78,7 +80,7 @@ def _check(job: dict) -> list[tuple[str, str]]:
 
 def cmd_io(args, settings) -> int:
     op, pattern = RW[settings.rw]
-    target = command.open_target(args.target, args)
+    target = open_target(args.target, args)
     bs = settings.bs
     # as in fio, a job without a runtime moves --size, rounded down to whole blocks
     whole = settings.size - settings.size % bs
@@ -90,8 +92,8 @@ def cmd_io(args, settings) -> int:
                      seed=settings.seed, backend=settings.engine, direct=bool(settings.direct),
                      rwmixread=settings.get("rwmixread", 50),
                      command_timeout=settings.command_timeout)
-    say = command.Reporter("io", args.quiet)
-    result = command.on_target(target, lambda t: _run_io(t.prepare(job), settings.rw, args, say),
+    say = Reporter("io", args.quiet)
+    result = on_target(target, lambda t: _run_io(t.prepare(job), settings.rw, args, say),
                                say=say.say, keep=settings.keep)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -100,7 +102,7 @@ def cmd_io(args, settings) -> int:
     return Exit.PASS
 
 
-def _run_io(job: engine.IoJob, rw: str, args, say: command.Reporter) -> engine.IoResult:
+def _run_io(job: engine.IoJob, rw: str, args, say: Reporter) -> engine.IoResult:
     """The job, with progress on stderr (at most a line every 10 s; not with -q) and an ETA
     from its time bound or its byte bound."""
     def progress(done: int, ops: int, seconds: float) -> None:
