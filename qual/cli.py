@@ -15,7 +15,7 @@ import sys
 from qual import engine, flags, watchdog
 from qual.commands import compare, family, io, population, profiles, report, run
 from qual.errors import InvalidJob, NotApplicable, QualError, Refused
-from qual.exits import Exit
+from qual.exits import Exit, usage_error
 from qual.workloads import registry
 
 
@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qual {args.command}: refused: {e}", file=sys.stderr)
         return Exit.REFUSED
     except InvalidJob as e:  # the job's own parameters: a bad flag, refused before any I/O
-        print(f"qual {args.command}: error: {e}", file=sys.stderr)
-        return Exit.USAGE
+        return usage_error(args.command, str(e))
     except QualError as e:
         print(f"qual {args.command}: error: {e}", file=sys.stderr)
         return Exit.FAIL

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import sys
 
 
 class Exit(enum.IntEnum):
@@ -71,3 +72,10 @@ class ExitHelp(argparse.HelpFormatter):
         if text.startswith("exit status:"):
             return "\n".join(indent + line for line in text.splitlines())
         return super()._fill_text(text, width, indent)
+
+
+def usage_error(command: str, message: str) -> Exit:
+    """`qual COMMAND: error: MESSAGE` on stderr, and the usage status: what a command says of
+    a bad argument, before anything is touched."""
+    print(f"qual {command}: error: {message}", file=sys.stderr)
+    return Exit.USAGE

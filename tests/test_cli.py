@@ -1,6 +1,7 @@
 """The `qual` command, run as a user runs it."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -366,3 +367,25 @@ def test_every_command_s_help_ends_with_its_exit_statuses():
         rows = [line.split(None, 1) for line in listed if line.startswith("  ")]
         assert len(rows) >= 2 and all(code in codes and said for code, said in rows), \
             (command, listed)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (("compare", "--baseline", "serial=S", "a.json", "b.json"),
+     "qual compare: error: with --baseline, give only the run record to judge"),
+    (("report", "--out", "r"), "qual report: error: give the results folder(s) to report"),
+    (("report", "--population", "--out", "r"), "qual report --population: error: give "
+                                               "--model and --firmware"),
+    (("accept", "--model", "M", "--firmware", "1", "--profile", "nowhere"),
+     "qual accept: error: --profile nowhere:"),
+    (("history", "--model", "M"), "qual history: error: no stored run of model 'M'"),
+    (("bandwidth", "--store", "mysql://x/y", "--profile", "ci"), "qual bandwidth: error: "
+                                                                  "--store: "),
+])
+def test_each_command_says_a_usage_error_in_one_form_and_exits_2(tmp_path, argv, said):
+    """`qual COMMAND: error: what`, exit 2, nothing made: the one way every command says a
+    bad argument (qual.exits.usage_error)."""
+    env = dict(os.environ, QUAL_STORE=f"sqlite:///{tmp_path / 'store.sqlite'}")
+    proc = subprocess.run([sys.executable, "-m", "qual.cli", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(said), proc.stderr
+    assert set(tmp_path.iterdir()) <= {tmp_path / "store.sqlite"}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import sys
 from pathlib import Path
 
 from qual import record, report, store, units
-from qual.exits import Exit, ExitHelp, help_text
+from qual.exits import Exit, ExitHelp, help_text, usage_error
 
 
 def add(sub, families: dict) -> None:
@@ -59,9 +59,7 @@ def handle(args, extra: list[str], families: dict) -> int:
 
 
 def cmd_compare(args) -> int:
-    def fail(message: str) -> int:
-        print(f"qual compare: error: {message}", file=sys.stderr)
-        return Exit.USAGE
+    fail = functools.partial(usage_error, "compare")
 
     if args.baseline is not None and len(args.records) != 1:
         return fail("with --baseline, give only the run record to judge")

@@ -13,7 +13,7 @@ from qual import engine, store, watchdog
 from qual.commands.target import (Reporter, add_target_flags, on_target, open_target,
                                   said_problems, watched)
 from qual.family import Family
-from qual.exits import Exit, ExitHelp, help_text, of_verdicts
+from qual.exits import Exit, ExitHelp, help_text, of_verdicts, usage_error
 from qual.judge import judge
 from qual.record import RunRecord, TestResult, rig_label, summarize
 from qual.targets import Target
@@ -166,8 +166,7 @@ def run(args, families: dict[str, Family]) -> int:
         if profile:
             store.check_url(args.store)
     except store.StoreError as e:
-        print(f"qual {name}: error: --store: {e}", file=sys.stderr)
-        return Exit.USAGE
+        return usage_error(name, f"--store: {e}")
     except ProfileError as e:
         return said_problems(name, family.fields, e.problems)
     if getattr(args, "plan", False):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from qual import store, thresholds
-from qual.exits import Exit, ExitHelp, help_text
+from qual.exits import Exit, ExitHelp, help_text, usage_error
 
 
 def _add_model(parser) -> None:
@@ -95,15 +95,12 @@ def cmd_accept(args, families: dict) -> int:
         with store.open_store(args.store) as db:
             answer = accept.accept(db, args.model, args.firmware, profile)
     except thresholds.ProfileError as e:
-        print(f"qual accept: error: --profile {args.profile}:\n{e}", file=sys.stderr)
-        return Exit.USAGE
+        return usage_error("accept", f"--profile {args.profile}:\n{e}")
     except store.StoreError as e:
-        print(f"qual accept: error: {e}", file=sys.stderr)
-        return Exit.USAGE
+        return usage_error("accept", str(e))
     if not answer.drives:
-        print(f"qual accept: error: no run of profile {profile.name} in the store is of model "
-              f"{args.model!r} at firmware {args.firmware!r}", file=sys.stderr)
-        return Exit.USAGE
+        return usage_error("accept", f"no run of profile {profile.name} in the store is of "
+                                     f"model {args.model!r} at firmware {args.firmware!r}")
     if args.json:
         print(json.dumps(answer.as_dict(), indent=2))
     else:
@@ -120,13 +117,11 @@ def cmd_history(args) -> int:
         with store.open_store(args.store) as db:
             points = db.history(args.model, metric=args.metric, profile=args.profile)
     except store.StoreError as e:
-        print(f"qual history: error: {e}", file=sys.stderr)
-        return Exit.USAGE
+        return usage_error("history", str(e))
     if not points:
-        print(f"qual history: error: no stored run of model {args.model!r}" +
-              (f" measured {args.metric}" if args.metric else "") +
-              (f" with profile {args.profile}" if args.profile else ""), file=sys.stderr)
-        return Exit.USAGE
+        return usage_error("history", f"no stored run of model {args.model!r}" +
+                           (f" measured {args.metric}" if args.metric else "") +
+                           (f" with profile {args.profile}" if args.profile else ""))
     out = Path(args.charts)
     out.mkdir(parents=True, exist_ok=True)
     charts = []
@@ -148,8 +143,7 @@ def cmd_store(args) -> int:
         if store.check_url(args.store) is None:
             raise store.StoreError("the store is off (QUAL_STORE=off): name one with --store")
     except store.StoreError as e:
-        print(f"qual store: error: --store: {e}", file=sys.stderr)
-        return Exit.USAGE
+        return usage_error("store", f"--store: {e}")
     try:
         with store.open_store(args.store) as db:
             if args.store_command == "info":

@@ -3,15 +3,15 @@ population page."""
 
 from __future__ import annotations
 
+import functools
 import argparse
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from qual import first_page, report, shipped, store, thresholds
-from qual.exits import Exit, ExitHelp, help_text
+from qual.exits import Exit, ExitHelp, help_text, usage_error
 from qual.thresholds import DEFAULT_GATE, SEVERITIES
 from qual.workloads import registry
 
@@ -70,9 +70,7 @@ def handle(args, extra: list[str], families: dict) -> int:
 def cmd_report(args) -> int:
     import subprocess
 
-    def fail(message: str) -> int:
-        print(f"qual report: error: {message}", file=sys.stderr)
-        return Exit.USAGE
+    fail = functools.partial(usage_error, "report")
 
     if args.population:
         return population_report(args)
@@ -145,9 +143,7 @@ def population_report(args) -> int:
     """`qual report --population`: qual accept's answer as one self-contained page."""
     from qual import accept, population_page
 
-    def fail(message: str) -> int:
-        print(f"qual report --population: error: {message}", file=sys.stderr)
-        return Exit.USAGE
+    fail = functools.partial(usage_error, "report --population")
 
     if args.results or not args.model or not args.firmware:
         return fail("give --model and --firmware (and no results folder)")

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from qual import shipped, store
-from qual.exits import Exit, help_text
+from qual.exits import Exit, help_text, usage_error
 from qual.plugin.journal import JOURNAL_NAME, Journal
 from qual.record import LAST_RECORD, RECORD_NAME
 
@@ -114,9 +114,8 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
     given, extra = taken_option(extra, "--qual-results")
     if given is not None:
         if args.results is not None and Path(args.results) != Path(given):
-            print(f"qual run: error: --results {args.results} and --qual-results {given} name "
-                  "two folders: give one", file=sys.stderr)
-            return Exit.USAGE
+            return usage_error("run", f"--results {args.results} and --qual-results {given} "
+                                      "name two folders: give one")
         args.results = given
     if args.resume and args.results and Path(args.results) != Path(args.resume):
         print("qual run: error: --resume RESULTS is the results folder; --results names "
@@ -144,8 +143,7 @@ def cmd_run(args, extra: list[str], families: dict) -> int:
         try:  # a store named wrongly: refused before any I/O, like any bad flag
             store.check_url(args.store)
         except store.StoreError as e:
-            print(f"qual run: error: --store: {e}", file=sys.stderr)
-            return Exit.USAGE
+            return usage_error("run", f"--store: {e}")
         argv.append(f"--qual-store={args.store}")
     if args.plan:
         return _plan(argv + extra, args.json)
