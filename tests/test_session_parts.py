@@ -1,13 +1,15 @@
 """The session's parts, without pytest's session around them: the record writer (where each
 drive's record goes, written with its Allure summary and its store line, a worker's stall
 note), the stall handler (the stalled test ERROR, the later ones skipped, the records written
-and said, the run ended with exit 1) and the terminal's summary of a drive."""
+and said, the run ended with exit 1), the terminal's summary of a drive, and a drive's journal
+(its header once, each finished test on disk, a resume noted once)."""
 
 import json
 
 import pytest
 
 from qual.exits import Exit
+from qual.plugin.journal import Journal
 from qual.plugin.progress import drive_summary
 from qual.plugin.records import RecordWriter, Stopped
 from qual.plugin.stalls import StallHandler
@@ -123,3 +125,21 @@ def test_the_terminal_summary_of_a_drive_says_its_verdict_and_where_its_record_i
     assert said[verdict]["green"] == (record["summary"]["verdict"] == "PASS")
     assert lines[-1] == ("stored in x as run 1", {"yellow": False})
     assert json.dumps(lines)  # plain data: the terminal writer's keyword arguments
+
+
+def test_a_journal_keeps_its_header_and_notes_a_resume_once_a_test_of_it_ends(tmp_path):
+    path = tmp_path / "qual-journal.json"
+    first = Journal(path)
+    first.begin({"run_id": "r1", "started": "then"})
+    assert Journal.load(path).header == {"run_id": "r1", "started": "then"}  # no test yet
+    first.begin({"run_id": "r2"})  # a journal that has a header keeps it
+    first.finished(TestResult("t0", "/mnt/a"))
+    again = Journal.load(path)
+    again.resuming("now")
+    assert "resumed" not in Journal.load(path).header  # a resume that finished nothing
+    again.finished(TestResult("t1", "/mnt/a"))
+    again.finished(TestResult("t2", "/mnt/a"))
+    kept = Journal.load(path)
+    assert kept.header["run_id"] == "r1"
+    assert kept.header["resumed"] == [{"at": "now", "tests_kept": 1}]  # once, not per test
+    assert [t.nodeid for t in kept.results("/mnt/a")] == ["t0", "t1", "t2"]

@@ -23,6 +23,7 @@ class Journal:
     path: Path
     header: dict = field(default_factory=dict)
     tests: dict[str, dict] = field(default_factory=dict)
+    kept: tuple[int, str] | None = None  # resumed: (tests kept, when), noted once a test ends
 
     @classmethod
     def load(cls, path: Path) -> Journal:
@@ -38,8 +39,26 @@ class Journal:
             raise ValueError(f"{path} is not a qual journal ({SCHEMA})")
         return cls(path, doc["header"], doc["tests"])
 
+    def resuming(self, at: str) -> None:
+        """This run continues the journal from `at`: noted in its header, with the tests it
+        kept, once a test of this run finishes (a resume that finishes none leaves it as it
+        was)."""
+        self.kept = (len(self.tests), at)
+
+    def begin(self, header: dict) -> None:
+        """The drive's first test has begun: the journal is on disk with its header and no
+        test yet, so a run killed inside its first test resumes too. A journal that has a
+        header keeps it."""
+        if not self.header:
+            self.header = header
+            self.save()
+
     def finished(self, result: TestResult) -> None:
         """A test finished: its result reaches the disk before the next test starts."""
+        if self.kept is not None:  # the first test a resumed run finished
+            kept, at = self.kept
+            self.header.setdefault("resumed", []).append({"at": at, "tests_kept": kept})
+            self.kept = None
         self.tests[result.nodeid] = result.as_dict()
         self.save()
 
@@ -48,11 +67,6 @@ class Journal:
 
     def results(self, drive: str) -> list[TestResult]:
         return [TestResult(drive=drive, **t) for t in self.tests.values()]
-
-    def resumed(self, kept: int, at: str) -> None:
-        """A run resumed `at`, keeping `kept` tests (noted once one of its own tests ends)."""
-        self.header.setdefault("resumed", []).append({"at": at, "tests_kept": kept})
-        self.save()
 
     def differences(self, profile: dict, identity: dict | None) -> list[str]:
         """Why this run cannot continue the journal's: another profile (name or content),

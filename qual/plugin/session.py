@@ -139,7 +139,6 @@ class QualSession:
         self._fs_targets: dict[str, Target] = {}
         self.raw = {spec for spec in specs if spec not in self.abandoned and _is_block(spec)}
         self.departed: dict[str, dict] = {}  # drive -> where its device went away mid-run
-        self._kept: dict[str, tuple[int, str]] = {}
         self.journals = {spec: self._journal(spec, opt.qual_resume) for spec in specs}
         if self.controller and not opt.qual_plan:
             for spec in specs:  # a stall this run's workers note is this run's alone
@@ -190,8 +189,7 @@ class QualSession:
                                    for m in t["measurements"]]
         self.targets_reported[spec] = journal.header["target"]
         self.writer.started = journal.header["started"]
-        # noted as resumed (when, and what it kept) once a test of this run ends
-        self._kept[spec] = (len(journal.tests), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        journal.resuming(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         return journal
 
     @property
@@ -422,26 +420,20 @@ class QualSession:
                                                        for n in j.tests})
 
     def _begun(self, spec: str) -> None:
-        """A drive's first test has begun: its journal is on disk, with no test yet, so a run
-        killed inside its first test resumes too."""
-        journal = self.journals[spec]
-        if not journal.header:
+        """A drive's first test has begun: its journal is on disk (Journal.begin)."""
+        if not self.journals[spec].header:
             profile = self.profile.as_dict()
-            journal.header = {"run_id": uuid.uuid4().hex,
-                              "profile": {k: profile[k] for k in ("name", "digest")},
-                              "qual_version": qual_version(), "started": self.writer.started,
-                              "target": self.targets_reported.get(spec, {"spec": spec}),
-                              "run": {"profile": self.config.option.qual_profile,
-                                      "targets": self.config.option.qual_target or []}}
-            journal.save()
+            self.journals[spec].begin({
+                "run_id": uuid.uuid4().hex, "profile": {k: profile[k] for k in ("name", "digest")},
+                "qual_version": qual_version(), "started": self.writer.started,
+                "target": self.targets_reported.get(spec, {"spec": spec}),
+                "run": {"profile": self.config.option.qual_profile,
+                        "targets": self.config.option.qual_target or []}})
 
     def _finished(self, spec: str, entry: TestResult) -> None:
         """A test ended: its result goes to the drive's journal, on disk before the next."""
-        journal = self.journals[spec]
-        if spec in self._kept:  # the first test this resumed run finished
-            journal.resumed(*self._kept.pop(spec))
         self._begun(spec)
-        journal.finished(entry)
+        self.journals[spec].finished(entry)
 
     def pytest_deselected(self, items):
         self.deselected += items
